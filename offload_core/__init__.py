@@ -1,0 +1,71 @@
+"""Ferry's offload engine: pure PyTorch, never imports ComfyUI or Gradio.
+
+    from offload_core import apply_offload, OffloadPolicy, BlockLevel, DiskTier
+
+    handle = apply_offload(model, OffloadPolicy(level=BlockLevel(2), tier=DiskTier("/nvme/ferry")),
+                           onload_device="cuda")
+    y = model(x)              # groups stream in on a side stream while earlier ones compute
+    print(handle.stats())     # bytes moved per tier, GB/s, stall time, overlap, peak memory
+    handle.remove()           # every parameter back where and as it was; Ferry's files deleted
+
+Importing this package starts no thread, opens no file and does not initialise CUDA.
+"""
+
+from .apply import OffloadHandle, apply_offload, find_offload
+from .errors import (
+    AlreadyOffloadedError,
+    ConfigError,
+    CorruptGroupFileError,
+    DiskPathError,
+    FerryError,
+    GroupingError,
+    OffloadRemovedError,
+)
+from .memory import (
+    DeviceMemory,
+    PeakRssSampler,
+    ProcessMemory,
+    device_memory,
+    process_memory,
+    system_available_ram,
+)
+from .plan import OffloadPlan, plan_offload
+from .policy import (
+    BlockLevel,
+    DiskTier,
+    LeafLevel,
+    OffloadPolicy,
+    PinnedRamTier,
+    RamTier,
+)
+from .registry import live_offloads
+from .stats import OffloadStats
+
+__all__ = [
+    "AlreadyOffloadedError",
+    "BlockLevel",
+    "ConfigError",
+    "CorruptGroupFileError",
+    "DeviceMemory",
+    "DiskPathError",
+    "DiskTier",
+    "FerryError",
+    "GroupingError",
+    "LeafLevel",
+    "OffloadHandle",
+    "OffloadPlan",
+    "OffloadPolicy",
+    "OffloadRemovedError",
+    "OffloadStats",
+    "PeakRssSampler",
+    "PinnedRamTier",
+    "ProcessMemory",
+    "RamTier",
+    "apply_offload",
+    "device_memory",
+    "find_offload",
+    "live_offloads",
+    "plan_offload",
+    "process_memory",
+    "system_available_ram",
+]

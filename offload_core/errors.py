@@ -1,0 +1,35 @@
+"""Errors Ferry raises. Each message names the setting a user changes to fix it."""
+
+from __future__ import annotations
+
+
+class FerryError(Exception):
+    """Base class of every error Ferry raises on purpose."""
+
+
+class ConfigError(FerryError, ValueError):
+    """A setting is invalid for this model or machine. ``setting`` names it."""
+
+    def __init__(self, setting: str, message: str) -> None:
+        super().__init__(f"{setting}: {message}")
+        self.setting = setting
+
+
+class GroupingError(ConfigError):
+    """The model cannot be split the way the policy asks."""
+
+
+class DiskPathError(ConfigError):
+    """The disk tier's folder cannot be used (missing, a file, read-only, too small)."""
+
+
+class AlreadyOffloadedError(FerryError):
+    """apply_offload was called on a model that already has Ferry's offload."""
+
+
+class CorruptGroupFileError(FerryError):
+    """A group file on disk is truncated, changed or corrupted; its bytes are not used."""
+
+
+class OffloadRemovedError(FerryError):
+    """The offload handle was removed; the model is resident again."""

@@ -1,0 +1,160 @@
+"""Reading process and device memory, split the way a user needs to read it.
+
+File-backed pages (mmapped checkpoints, the page cache of group files) count in RSS; a
+page-cache-heavy run would look like a leak if RSS were reported as one number. So RAM is
+reported as RssAnon / RssFile / RssShmem from /proc/self/status.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    rss_anon: int
+    rss_file: int
+    rss_shmem: int
+
+    @property
+    def rss(self) -> int:
+        return self.rss_anon + self.rss_file + self.rss_shmem
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def process_memory() -> ProcessMemory:
+    """This process's resident memory, from /proc/self/status (psutil elsewhere)."""
+    try:
+        fields: dict[str, int] = {}
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith((b"RssAnon:", b"RssFile:", b"RssShmem:")):
+                    key, value = line.split(b":", 1)
+                    fields[key.decode()] = int(value.split()[0]) * 1024
+        return ProcessMemory(fields["RssAnon"], fields["RssFile"], fields["RssShmem"])
+    except (OSError, KeyError):
+        import psutil
+
+        info = psutil.Process().memory_info()
+        shared = int(getattr(info, "shared", 0))
+        return ProcessMemory(int(info.rss) - shared, shared, 0)
+
+
+def system_available_ram() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    allocated: int
+    reserved: int
+    peak_allocated: int
+    device_used: int | None  # by all processes, where the driver tells
+    device_total: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def device_memory(device: torch.device | str | None = None) -> DeviceMemory | None:
+    """Memory of an accelerator, or None for the CPU. Never initialises CUDA itself."""
+    dev = torch.device(device) if device is not None else None
+    if dev is None or dev.type == "cpu":
+        return None
+    if dev.type == "cuda" and torch.cuda.is_initialized():
+        used = total = None
+        try:
+            free, total = torch.cuda.mem_get_info(dev)
+            used = total - free
+        except RuntimeError:
+            pass
+        return DeviceMemory(
+            torch.cuda.memory_allocated(dev),
+            torch.cuda.memory_reserved(dev),
+            torch.cuda.max_memory_allocated(dev),
+            used,
+            total,
+        )
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "memory_allocated"):
+        try:
+            return DeviceMemory(
+                int(acc.memory_allocated(dev)),
+                int(acc.memory_reserved(dev)),
+                int(acc.max_memory_allocated(dev)),
+                None,
+                None,
+            )
+        except (RuntimeError, ValueError):
+            return None
+    return None
+
+
+class PeakRssSampler:
+    """Samples RssAnon/RssFile/RssShmem on a thread and keeps each one's peak.
+
+    The kernel's VmHWM gives only the total's peak; the split needs sampling. Started by
+    the caller (never at import), stopped with ``stop()`` or by leaving the ``with``.
+    """
+
+    def __init__(self, interval_s: float = 0.01) -> None:
+        self.interval_s = interval_s
+        first = process_memory()
+        self._peak = {k: v for k, v in first.as_dict().items()}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        m = process_memory().as_dict()
+        for k, v in m.items():
+            if v > self._peak[k]:
+                self._peak[k] = v
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def start(self) -> PeakRssSampler:
+        self._thread = threading.Thread(target=self._run, name="ferry-rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> ProcessMemory:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+        return self.peak
+
+    @property
+    def peak(self) -> ProcessMemory:
+        return ProcessMemory(self._peak["rss_anon"], self._peak["rss_file"], self._peak["rss_shmem"])
+
+    def __enter__(self) -> PeakRssSampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One entry point for everything: sets up .venv on first use, then runs a job.
+#   bash run.sh demo [--size-gb 2 --tier pinned ...]   the main job (the CLI demo; see README)
+#   bash run.sh test [pytest args]                      lint, type-check and the test suite
+set -euo pipefail
+cd "$(dirname "$0")"
+job=${1:-demo}
+shift || true
+venv=${FERRY_VENV:-.venv}
+py="$venv/bin/python"
+if [ ! -x "$py" ]; then
+  python3 -m venv "$venv"
+fi
+# Reinstall only when a requirements file changed since the last install.
+stamp="$venv/.ferry-stamp"
+want=$(cat constraints.txt requirements*.txt | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "ferry: installing into $venv (torch==2.13.0 first, then the rest constrained to it)"
+  "$py" -m pip install -q --disable-pip-version-check torch==2.13.0
+  "$py" -m pip install -q --disable-pip-version-check -c constraints.txt -r requirements-dev.txt
+  echo "$want" > "$stamp"
+fi
+export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=${TORCHAO_FORCE_SKIP_LOADING_SO_FILES:-1}
+case "$job" in
+  demo)  exec "$py" -m offload_core.demo "$@" ;;
+  test)
+    "$py" -m ruff check .
+    "$py" -m ruff format --check .
+    "$py" -m mypy
+    exec "$py" -m pytest "$@"
+    ;;
+  *) echo "usage: bash run.sh {demo|test} [args]" >&2; exit 2 ;;
+esac
