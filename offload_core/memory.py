@@ -137,7 +137,9 @@ class PeakRssSampler:
 
     @property
     def peak(self) -> ProcessMemory:
-        return ProcessMemory(self._peak["rss_anon"], self._peak["rss_file"], self._peak["rss_shmem"])
+        return ProcessMemory(
+            self._peak["rss_anon"], self._peak["rss_file"], self._peak["rss_shmem"]
+        )
 
     def __enter__(self) -> PeakRssSampler:
         return self.start()
@@ -157,4 +159,6 @@ def fmt_bytes(n: float | None) -> str:
 
 
 def cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from .errors import ConfigError
 
@@ -66,8 +66,8 @@ class DiskTier:
             raise ConfigError("disk_path", "the disk tier needs a folder; set disk_path")
 
 
-Level = Union[BlockLevel, LeafLevel]
-Tier = Union[PinnedRamTier, RamTier, DiskTier]
+Level = BlockLevel | LeafLevel
+Tier = PinnedRamTier | RamTier | DiskTier
 TierName = Literal["pinned", "ram", "disk"]
 LevelName = Literal["block", "leaf"]
 AUTO: Literal["auto"] = "auto"
@@ -95,11 +95,14 @@ class OffloadPolicy:
         if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 8:
             raise ConfigError("prefetch_depth", f"must be a whole number 1..8, got {d!r}")
         b = self.vram_budget
-        if b is not None and b != AUTO:
-            if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
-                raise ConfigError(
-                    "vram_budget", f"must be 'auto', empty, or a positive byte count, got {b!r}"
-                )
+        if (
+            b is not None
+            and b != AUTO
+            and (isinstance(b, bool) or not isinstance(b, int) or b <= 0)
+        ):
+            raise ConfigError(
+                "vram_budget", f"must be 'auto', empty, or a positive byte count, got {b!r}"
+            )
         if not isinstance(self.headroom_bytes, int) or self.headroom_bytes < 0:
             raise ConfigError("headroom_bytes", f"must be >= 0, got {self.headroom_bytes!r}")
 
@@ -188,7 +191,9 @@ def _budget_from_gb(gb: Any) -> int | Literal["auto"] | None:
         try:
             gb = float(gb)
         except ValueError:
-            raise ConfigError("vram_budget_gb", f"must be 'auto', empty or a number, got {gb!r}") from None
+            raise ConfigError(
+                "vram_budget_gb", f"must be 'auto', empty or a number, got {gb!r}"
+            ) from None
     n = _bytes_from_gb("vram_budget_gb", gb)
     if n <= 0:
         raise ConfigError("vram_budget_gb", "must be > 0 GB, 'auto', or empty for no budget")

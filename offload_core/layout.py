@@ -1,0 +1,188 @@
+"""Where each tensor of a group lives inside the group's one flat byte buffer.
+
+A group's parameters and buffers are packed into one slab (pinned RAM, plain RAM, a group
+file's data section, a device slot: all share this layout), so a whole group moves with one
+copy. torchao tensors are stored as their inner plain tensors (qdata, scale, ...) and rebuilt
+around views of the slab: ``param.data = x`` silently does nothing for a tensor subclass
+(seed 002), so subclass parameters are swapped with ``torch.utils.swap_tensors`` and keep
+their identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from .errors import FerryError
+
+#: Every tensor starts on a 64-byte boundary, as the allocator would place it. Weights used
+#: at 8-byte-aligned offsets give different (not bit-identical) results (facts.md).
+ALIGN = 64
+#: Slabs end on a page boundary so files can be read with direct I/O.
+PAGE = 4096
+
+
+def align_up(n: int, to: int = ALIGN) -> int:
+    return (n + to - 1) // to * to
+
+
+@dataclass(frozen=True)
+class Part:
+    """One plain tensor stored at ``offset`` in a slab, with its own strides."""
+
+    offset: int
+    nbytes: int
+    dtype: torch.dtype
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    def view(self, buf: torch.Tensor) -> torch.Tensor:
+        flat = buf[self.offset : self.offset + self.nbytes].view(self.dtype)
+        return flat.as_strided(self.size, self.stride)
+
+    @property
+    def contiguous(self) -> bool:
+        return self.stride == _contiguous_stride(self.size)
+
+
+def _contiguous_stride(size: tuple[int, ...]) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for s in reversed(size):
+        stride.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(stride))
+
+
+def _non_overlapping_and_dense(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """True when the elements tile one span with no gap and no overlap (any dim order)."""
+    dims = sorted((st, sz) for sz, st in zip(size, stride) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
+def _dense_stride(t: torch.Tensor) -> tuple[int, ...]:
+    """Keeps a transposed weight transposed (kernels, and so results, depend on strides);
+    anything overlapping or with gaps is stored contiguous."""
+    if t.numel() > 0 and _non_overlapping_and_dense(tuple(t.shape), tuple(t.stride())):
+        return tuple(t.stride())
+    return _contiguous_stride(tuple(t.shape))
+
+
+@dataclass
+class Entry:
+    """One parameter or buffer of a group: how to rebuild it around a slab."""
+
+    module: nn.Module
+    attr: str
+    qualname: str
+    is_param: bool
+    parts: tuple[Part, ...]
+    inner_names: tuple[str, ...]  # () for a plain tensor
+    subclass: type | None
+    ctx: Any
+    outer_size: tuple[int, ...]
+    outer_stride: tuple[int, ...]
+    requires_grad: bool
+    orig_device: torch.device
+    #: Device forms built around each slot, reused every forward (built once: rebuilding a
+    #: torchao wrapper costs ~90 us).
+    slot_forms: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    # -- reading the tensor the module holds now ---------------------------------------
+    def current(self) -> torch.Tensor:
+        table = self.module._parameters if self.is_param else self.module._buffers
+        t = table[self.attr]
+        assert t is not None
+        return t
+
+    def inner_tensors(self, t: torch.Tensor) -> list[torch.Tensor]:
+        if self.subclass is None:
+            return [t]
+        return [getattr(t, n) for n in self.inner_names]
+
+    # -- building forms around a buffer ------------------------------------------------
+    def build(self, buf: torch.Tensor) -> torch.Tensor:
+        """A tensor of this entry's kind whose data are views into ``buf``."""
+        views = [p.view(buf) for p in self.parts]
+        if self.subclass is None:
+            return views[0]
+        inner = dict(zip(self.inner_names, views))
+        rebuilt = self.subclass.__tensor_unflatten__(  # type: ignore[attr-defined]
+            inner, self.ctx, self.outer_size, self.outer_stride
+        )
+        if self.is_param:
+            return nn.Parameter(rebuilt, requires_grad=self.requires_grad)
+        return rebuilt
+
+    def fill(self, buf: torch.Tensor, src: torch.Tensor) -> None:
+        """Copies ``src``'s bytes into this entry's place in ``buf``."""
+        for part, inner in zip(self.parts, self.inner_tensors(src)):
+            part.view(buf).copy_(inner)
+
+    # -- pointing the module at a form -------------------------------------------------
+    def point_at(self, form: torch.Tensor) -> None:
+        """Makes the module's tensor use ``form``'s data, keeping the same object.
+
+        Plain tensors: ``.data =`` (cheap, keeps the object). Subclasses: swap_tensors,
+        which exchanges the two objects' contents, so ``form`` afterwards holds the old one.
+        """
+        cur = self.current()
+        if self.subclass is None:
+            cur.data = form
+        else:
+            torch.utils.swap_tensors(cur, form)
+
+
+def make_entry(module: nn.Module, attr: str, qualname: str, is_param: bool, offset: int) -> Entry:
+    table = module._parameters if is_param else module._buffers
+    t = table[attr]
+    assert t is not None
+    subclass: type | None = None
+    ctx: Any = None
+    names: tuple[str, ...] = ()
+    if is_traceable_wrapper_subclass(t):
+        names_list, ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]
+        names = tuple(names_list)
+        subclass = type(t)
+        inner = [getattr(t, n) for n in names]
+        if any(is_traceable_wrapper_subclass(i) for i in inner):
+            raise FerryError(
+                f"{qualname}: nested tensor subclasses ({subclass.__name__} inside another) "
+                "cannot be offloaded; keep this layer resident or quantize it differently"
+            )
+    else:
+        inner = [t]
+    parts = []
+    for i in inner:
+        offset = align_up(offset)
+        nbytes = i.numel() * i.element_size()
+        stride = _dense_stride(i)
+        parts.append(Part(offset, nbytes, i.dtype, tuple(i.shape), stride))
+        offset += nbytes
+    return Entry(
+        module=module,
+        attr=attr,
+        qualname=qualname,
+        is_param=is_param,
+        parts=tuple(parts),
+        inner_names=names,
+        subclass=subclass,
+        ctx=ctx,
+        outer_size=tuple(t.shape),
+        outer_stride=tuple(t.stride()),
+        requires_grad=bool(t.requires_grad),
+        orig_device=t.device,
+    )
+
+
+def entry_end(entry: Entry) -> int:
+    last = entry.parts[-1] if entry.parts else None
+    return 0 if last is None else last.offset + last.nbytes

@@ -1,0 +1,163 @@
+"""The settings file the panel writes and the nodes' "use panel settings" reads.
+
+One small JSON file per user, so an artist can pick settings once in the panel and every
+workflow uses them. The file holds the flat policy form (``OffloadPolicy.to_dict``) plus the
+quantization preset; both are validated on save AND on load, so a hand-edited file with a
+typo fails with a message naming the setting instead of silently running with defaults.
+
+    {"ferry_settings": 1,
+     "policy": {"level": "block", "blocks_per_group": 2, "tier": "disk", ...},
+     "quant_preset": "none"}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .policy import OffloadPolicy
+
+FORMAT_VERSION = 1
+ENV_VAR = "FERRY_SETTINGS"
+# The preset names the quant helper exports; used only when offload_core.quant is missing,
+# so that reading a settings file never needs torchao.
+_KNOWN_PRESETS_FALLBACK = (
+    "none",
+    "int8-weight",
+    "int8-dynamic",
+    "float8-weight",
+    "int4-weight",
+    "float8-dynamic",
+)
+
+
+def default_settings_path() -> Path:
+    """``$FERRY_SETTINGS`` if set, else the per-user config folder's ``ferry/settings.json``."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    if sys.platform == "win32":
+        base = Path(os.environ.get("APPDATA") or Path.home() / "AppData" / "Roaming")
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    else:
+        base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "ferry" / "settings.json"
+
+
+def known_quant_presets() -> tuple[str, ...]:
+    """The preset names offload_core.quant offers (imported lazily: it pulls in torchao)."""
+    try:
+        from .quant import PRESETS
+    except ImportError:
+        return _KNOWN_PRESETS_FALLBACK
+    return tuple(PRESETS)
+
+
+@dataclass(frozen=True)
+class PanelSettings:
+    """What the panel saves: how to offload, and which quantization preset to load with."""
+
+    policy: OffloadPolicy = field(default_factory=OffloadPolicy)
+    quant_preset: str = "none"
+
+    def validate(self) -> None:
+        if not isinstance(self.policy, OffloadPolicy):
+            raise ConfigError(
+                "policy", f"must be an OffloadPolicy, got {type(self.policy).__name__}"
+            )
+        self.policy.validate()
+        presets = known_quant_presets()
+        if self.quant_preset not in presets:
+            raise ConfigError(
+                "quant_preset",
+                f"unknown preset {self.quant_preset!r}; choose one of {list(presets)}",
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ferry_settings": FORMAT_VERSION,
+            "policy": self.policy.to_dict(),
+            "quant_preset": self.quant_preset,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> PanelSettings:
+        """Builds and validates settings; every error names the setting to change."""
+        if not isinstance(d, dict):
+            raise ConfigError("settings_file", f"must hold a JSON object, got {type(d).__name__}")
+        version = d.get("ferry_settings", FORMAT_VERSION)
+        if version != FORMAT_VERSION:
+            raise ConfigError(
+                "ferry_settings",
+                f"this Ferry reads settings format {FORMAT_VERSION}, the file says {version!r}; "
+                "save the settings again from the panel",
+            )
+        unknown = set(d) - {"ferry_settings", "policy", "quant_preset"}
+        if unknown:
+            raise ConfigError(
+                sorted(unknown)[0], "unknown setting; known: ['policy', 'quant_preset']"
+            )
+        policy_dict = d.get("policy", {})
+        if not isinstance(policy_dict, dict):
+            raise ConfigError("policy", f"must be a JSON object, got {type(policy_dict).__name__}")
+        quant = d.get("quant_preset", "none")
+        if not isinstance(quant, str):
+            raise ConfigError("quant_preset", f"must be a preset name, got {quant!r}")
+        settings = cls(policy=OffloadPolicy.from_dict(policy_dict), quant_preset=quant)
+        settings.validate()
+        return settings
+
+
+def load_settings(path: str | os.PathLike[str] | None = None) -> PanelSettings:
+    """Reads the settings file; a missing file gives the defaults (nothing saved yet)."""
+    p = Path(path) if path is not None else default_settings_path()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return PanelSettings()
+    except OSError as e:
+        raise ConfigError("settings_file", f"cannot read {p}: {e.strerror or e}") from e
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            "settings_file",
+            f"{p} is not valid JSON (line {e.lineno}: {e.msg}); fix it or save again from the panel",
+        ) from None
+    return PanelSettings.from_dict(data)
+
+
+def save_settings(settings: PanelSettings, path: str | os.PathLike[str] | None = None) -> Path:
+    """Validates, then writes atomically (temp file + rename): a reader never sees half a file.
+
+    Returns the path written.
+    """
+    settings.validate()
+    p = Path(path) if path is not None else default_settings_path()
+    text = json.dumps(settings.to_dict(), indent=2, sort_keys=True) + "\n"
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".settings-", suffix=".tmp", dir=p.parent)
+    except OSError as e:
+        raise ConfigError("settings_file", f"cannot write in {p.parent}: {e.strerror or e}") from e
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        # Only the temp file this call created is removed; nothing else is touched.
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return p
