@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -48,10 +47,7 @@ class Backend(Protocol):
     def empty_device(self, nbytes: int) -> torch.Tensor: ...
     def empty_host(self, nbytes: int, pinned: bool) -> torch.Tensor: ...
     def release_host(self, buf: torch.Tensor) -> None: ...
-    def submit_host_write(
-        self, pool: Executor, fn: Callable[[], T], dst: torch.Tensor
-    ) -> Future[T]: ...
-    def host_join(self, future: Future[T]) -> T: ...
+    def host_fill(self, dst: torch.Tensor, fill: Callable[[], T]) -> T: ...
     def timing_pair(self) -> tuple[Any, Any] | None: ...
 
 
@@ -97,13 +93,9 @@ class SyncBackend:
     def release_host(self, buf: torch.Tensor) -> None:
         pass
 
-    def submit_host_write(
-        self, pool: Executor, fn: Callable[[], T], dst: torch.Tensor
-    ) -> Future[T]:
-        return pool.submit(fn)
-
-    def host_join(self, future: Future[T]) -> T:
-        return future.result()
+    def host_fill(self, dst: torch.Tensor, fill: Callable[[], T]) -> T:
+        """The host (a reader thread) writes ``dst``; the test backend reports it."""
+        return fill()
 
     def timing_pair(self) -> None:
         return None
@@ -170,13 +162,9 @@ class StreamBackend:
         if self.device.type == "cuda" and buf.numel() and buf.is_pinned():
             torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
 
-    def submit_host_write(
-        self, pool: Executor, fn: Callable[[], T], dst: torch.Tensor
-    ) -> Future[T]:
-        return pool.submit(fn)
-
-    def host_join(self, future: Future[T]) -> T:
-        return future.result()
+    def host_fill(self, dst: torch.Tensor, fill: Callable[[], T]) -> T:
+        """The host (a reader thread) writes ``dst``; the test backend reports it."""
+        return fill()
 
     def timing_pair(self) -> tuple[torch.Event, torch.Event]:
         return torch.Event(self.device, enable_timing=True), torch.Event(

@@ -218,7 +218,7 @@ class Engine:
         t0 = time.perf_counter()
         ready = load.ready
         if load.future is not None:
-            ready = self.backend.host_join(load.future)
+            ready = load.future.result()
             if load.staging is not None:
                 load.staging.free = ready
         waited = time.perf_counter() - t0
@@ -266,17 +266,15 @@ class Engine:
             # The CPU computes on the host's timeline: the slot's last reader is done, so
             # the reader threads can fill the slot itself, no staging buffer, no copy.
             plan = g.plan
-            load.future = self.backend.submit_host_write(
-                self._groups(), lambda: self._read(plan, slot.buf), slot.buf
+            load.future = self._groups().submit(
+                self.backend.host_fill, slot.buf, lambda: self._read(plan, slot.buf)
             )
         else:
             staging = self.stagings[step % len(self.stagings)]
             load.staging = staging
             plan, staging_free, slot_free = g.plan, staging.free, slot.free
-            load.future = self.backend.submit_host_write(
-                self._groups(),
-                lambda: self._disk_task(plan, staging, staging_free, slot, slot_free),
-                staging.buf,
+            load.future = self._groups().submit(
+                self._disk_task, plan, staging, staging_free, slot, slot_free
             )
         return load
 
@@ -312,7 +310,7 @@ class Engine:
     ) -> Any:
         if staging_free is not None:
             self.backend.host_wait(staging_free)  # wait 3: the last copy out of it is done
-        self._read(plan, staging.buf)
+        self.backend.host_fill(staging.buf, lambda: self._read(plan, staging.buf))
         return self._copy_into_slot(slot, staging.buf, plan_nbytes(plan), slot_free)
 
     def _read(self, plan: ReadPlan, buf: torch.Tensor) -> None:
@@ -344,7 +342,7 @@ class Engine:
             load = self.window.popleft()
             if load.future is not None:
                 try:
-                    ready = self.backend.host_join(load.future)
+                    ready = load.future.result()
                 except Exception:  # a read that will not be used; a later read reports it
                     ready = None
                 if load.staging is not None and ready is not None:

@@ -1,0 +1,69 @@
+"""Small models for the tests: the demo DiT (two block lists) in each dtype, plain or
+quantized by real torchao configs."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from offload_core.demo_model import build_demo_model, demo_inputs
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _quantize(model: nn.Module, quant: str) -> None:
+    from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+
+    config = {"int8": Int8WeightOnlyConfig(), "float8": Float8WeightOnlyConfig()}[quant]
+
+    def in_blocks(module: nn.Module, fqn: str) -> bool:
+        return isinstance(module, nn.Linear) and "blocks." in fqn
+
+    quantize_(model, config, filter_fn=in_blocks)
+
+
+@functools.cache
+def _reference(dtype: str, quant: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    model = make_model(dtype, quant, cached=False)
+    x = demo_inputs(model, tokens=16, seed=3)
+    with torch.no_grad():
+        return x, model(**x)
+
+
+def make_model(dtype: str, quant: str = "plain", cached: bool = True) -> nn.Module:
+    model = build_demo_model(0.006, DTYPES[dtype], seed=7)
+    if quant != "plain":
+        _quantize(model, quant)
+    return model
+
+
+def reference(dtype: str, quant: str = "plain") -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Inputs and the resident model's output (computed once per kind)."""
+    return _reference(dtype, quant)
+
+
+def snapshot(model: nn.Module) -> tuple[dict[str, torch.Tensor], list[int], dict[str, type]]:
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return (
+        sd,
+        [id(p) for p in model.parameters()],
+        {k: type(v) for k, v in model.state_dict().items()},
+    )
+
+
+def state_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if type(x) is not type(y) or x.device != y.device or x.dtype != y.dtype:
+            return False
+        if hasattr(x, "__tensor_flatten__"):
+            names, _ = x.__tensor_flatten__()
+            if not all(torch.equal(getattr(x, n), getattr(y, n)) for n in names):
+                return False
+        elif not torch.equal(x, y):
+            return False
+    return True

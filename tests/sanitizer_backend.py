@@ -1,0 +1,217 @@
+"""A faithful stand-in for CUDA streams on a CPU machine, judged by PyTorch's own sanitizer.
+
+Memory is real (CPU tensors, real copies, real reads from disk); streams and events are fakes
+whose every record / wait / synchronize, and every kernel that touches a slot, a staging
+buffer or a slab, is fed to ``torch.cuda._sanitizer.EventHandler``: the happens-before engine
+behind TORCH_CUDA_SANITIZER=1 (facts.md). The host is a pseudo-stream: a reader thread filling
+a staging buffer is a kernel on it; ``host_wait(event)`` is an event synchronization.
+
+``drop`` removes one of the engine's three waits so a test can show the checker has teeth:
+  "compute-waits-copy", "copy-waits-compute", "host-waits-copy".
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import itertools
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+from torch.cuda._sanitizer import EventHandler
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_flatten
+
+T = TypeVar("T")
+_ids = itertools.count(1000)
+
+
+class FakeStream:
+    def __init__(self, name: str) -> None:
+        self.id = next(_ids)
+        self.name = name
+
+    def record_event(self, event: Any = None) -> Any:  # only timing uses it; none here
+        raise AssertionError("timing events are not used with this backend")
+
+    def __repr__(self) -> str:
+        return f"<stream {self.name}>"
+
+
+class FakeEvent:
+    def __init__(self, stream: FakeStream) -> None:
+        self.id = next(_ids)
+        self.stream = stream
+
+
+class SanitizerBackend:
+    synchronous = False
+    can_pin = True
+
+    def __init__(self, drop: str | None = None) -> None:
+        assert drop in (None, "compute-waits-copy", "copy-waits-compute", "host-waits-copy")
+        self.drop = drop
+        self.device = torch.device("cpu")
+        self.handler = EventHandler()
+        self.lock = threading.RLock()
+        self.errors: list[Any] = []
+        self.compute = FakeStream("compute")
+        self.copier = FakeStream("copy")
+        self.host = FakeStream("host")
+        for s in (self.compute, self.copier, self.host):
+            self.handler._handle_stream_creation(s.id)
+        self._tls = threading.local()
+        self._starts: list[int] = []  # sorted starts of the tracked buffers
+        self._ends: dict[int, int] = {}
+        self.waits = {"compute-waits-copy": 0, "copy-waits-compute": 0, "host-waits-copy": 0}
+
+    # -- streams -----------------------------------------------------------------------------
+    def current(self) -> FakeStream:
+        return getattr(self._tls, "stream", self.compute)
+
+    def compute_stream(self) -> FakeStream:
+        return self.current()
+
+    def copy_stream(self) -> FakeStream:
+        return self.copier
+
+    @contextlib.contextmanager
+    def use_stream(self, stream: FakeStream) -> Iterator[None]:
+        prev = self.current()
+        self._tls.stream = stream
+        try:
+            yield
+        finally:
+            self._tls.stream = prev
+
+    def record(self, stream: FakeStream) -> FakeEvent:
+        ev = FakeEvent(stream)
+        with self.lock:
+            self.handler._handle_event_creation(ev.id)
+            self.handler._handle_event_record(ev.id, stream.id)
+        return ev
+
+    def wait(self, stream: FakeStream, event: FakeEvent) -> None:
+        kind = None
+        if stream is self.compute and event.stream is self.copier:
+            kind = "compute-waits-copy"
+        elif stream is self.copier and event.stream is self.compute:
+            kind = "copy-waits-compute"
+        if kind is not None:
+            self.waits[kind] += 1
+        if kind is not None and kind == self.drop:
+            return
+        with self.lock:
+            self.handler._handle_event_wait(event.id, stream.id)
+
+    def host_wait(self, event: FakeEvent) -> None:
+        self.waits["host-waits-copy"] += 1
+        if self.drop == "host-waits-copy":
+            return
+        with self.lock:
+            self.handler._handle_event_synchronization(event.id)
+
+    # -- memory --------------------------------------------------------------------------------
+    def _track(self, t: torch.Tensor) -> torch.Tensor:
+        if t.numel():
+            start = t.data_ptr()
+            with self.lock:
+                bisect.insort(self._starts, start)
+                self._ends[start] = start + t.numel()
+        return t
+
+    def base_of(self, ptr: int) -> int | None:
+        """The tracked buffer holding address ``ptr`` (slots, stagings, slabs), if any."""
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        if i >= 0 and ptr < self._ends[self._starts[i]]:
+            return self._starts[i]
+        return None
+
+    def empty_device(self, nbytes: int) -> torch.Tensor:
+        return self._track(torch.empty(nbytes, dtype=torch.uint8))
+
+    def empty_host(self, nbytes: int, pinned: bool) -> torch.Tensor:
+        return self._track(torch.empty(nbytes, dtype=torch.uint8))
+
+    def release_host(self, buf: torch.Tensor) -> None:
+        pass
+
+    # -- work ----------------------------------------------------------------------------------
+    def kernel(self, stream: FakeStream, reads: set[int], writes: set[int], op: str) -> None:
+        reads = {b for b in (self.base_of(p) for p in reads) if b is not None}
+        writes = {b for b in (self.base_of(p) for p in writes) if b is not None}
+        if not reads and not writes:
+            return
+        with self.lock:
+            aliases = {p: [op] for p in reads | writes}
+            errs = self.handler._handle_kernel_launch(
+                stream.id, reads - writes, writes, set(), op, aliases
+            )
+            self.errors.extend(errs)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        self._tls.in_copy = True
+        try:
+            dst.copy_(src)
+        finally:
+            self._tls.in_copy = False
+        self.kernel(self.current(), {src.data_ptr()}, {dst.data_ptr()}, "copy")
+
+    def host_fill(self, dst: torch.Tensor, fill: Callable[[], T]) -> T:
+        self.kernel(self.host, set(), {dst.data_ptr()}, "host-read-into")
+        out = fill()
+        # The host finished writing before it launches anything that follows.
+        with self.lock:
+            self.handler._handle_stream_synchronization(self.host.id)
+        return out
+
+    def timing_pair(self) -> None:
+        return None
+
+    def in_copy(self) -> bool:
+        return getattr(self._tls, "in_copy", False)
+
+
+def _ptrs(value: Any) -> list[int]:
+    out = []
+    for leaf in tree_flatten(value)[0]:
+        if isinstance(leaf, torch.Tensor):
+            if is_traceable_wrapper_subclass(leaf):
+                names, _ = leaf.__tensor_flatten__()  # type: ignore[attr-defined]
+                out += [getattr(leaf, n).data_ptr() for n in names]
+            elif leaf.numel():
+                out.append(leaf.data_ptr())
+    return out
+
+
+class ComputeKernels(TorchDispatchMode):
+    """Reports every aten op the model runs as a kernel on the backend's current stream,
+    with the read/write rules of CSAN's ArgumentHandler (views and factories touch no data)."""
+
+    def __init__(self, backend: SanitizerBackend) -> None:
+        super().__init__()
+        self.backend = backend
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.backend.in_copy():
+            return out
+        schema = func._schema
+        reads: set[int] = set()
+        writes: set[int] = set()
+        positional = list(zip(schema.arguments, args))
+        named = [(a, kwargs[a.name]) for a in schema.arguments if a.name in kwargs]
+        for arg, value in positional + named:
+            info = arg.alias_info
+            if info is not None and info.is_write:
+                writes.update(_ptrs(value))
+            elif info is None:
+                reads.update(_ptrs(value))
+        for ret in schema.returns:
+            if ret.alias_info is None or ret.alias_info.is_write:
+                writes.update(_ptrs(out))
+        self.backend.kernel(self.backend.current(), reads, writes, str(func))
+        return out
