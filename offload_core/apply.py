@@ -31,7 +31,7 @@ from .engine import Engine, GroupRuntime
 from .errors import FerryError, OffloadRemovedError
 from .grouping import GroupSpec
 from .layout import Entry
-from .memory import device_memory
+from .memory import device_memory, release_freed_memory
 from .plan import OffloadPlan, plan_offload
 from .policy import DiskTier, OffloadPolicy, PinnedRamTier
 from .stats import Counters, OffloadStats, gbps
@@ -108,6 +108,7 @@ class OffloadHandle:
             if self._engine is not None:
                 self._engine.uninstall()
             self._layout.restore_all()
+            release_freed_memory()
             self.removed = True
             self.model.__dict__.pop("_ferry_offload", None)
             registry.unregister(self)
@@ -152,6 +153,7 @@ def apply_offload(
     backend = backend_for(plan.device)
     layout = _Layout(model, plan, backend, name)
     layout.build(progress)  # restores everything itself if it fails
+    release_freed_memory()
     counters = Counters()
     streamed = [rt for rt, gp in zip(layout.runtimes, plan.groups) if not gp.resident]
     engine = None

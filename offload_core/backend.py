@@ -149,9 +149,10 @@ class StreamBackend:
                 # Register the exact allocation: the caching host allocator would round a
                 # pinned slab up to the next power of two (facts.md), up to 2x the RAM.
                 err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
-                if int(err) != 0:
+                code = int(getattr(err, "value", err))
+                if code != 0:
                     raise RuntimeError(
-                        f"pinning {nbytes} bytes failed (CUDA error {int(err)}); "
+                        f"pinning {nbytes} bytes failed (CUDA error {code}); "
                         "set tier to 'ram' where pinned memory is capped"
                     )
             else:

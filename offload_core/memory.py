@@ -148,6 +148,22 @@ class PeakRssSampler:
         self.stop()
 
 
+def release_freed_memory() -> None:
+    """Hands memory freed by the C allocator back to the OS.
+
+    glibc keeps freed large blocks in its heap once its dynamic mmap threshold has grown, so
+    weights released group by group would still count in RssAnon. malloc_trim returns them.
+    """
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to do
+
+
 def fmt_bytes(n: float | None) -> str:
     if n is None:
         return "-"
