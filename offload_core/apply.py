@@ -95,6 +95,7 @@ class OffloadHandle:
             stall_s=snap["stall_s"],
             overlap=overlap,
             peak_vram=dm.peak_allocated if dm else None,
+            peak_rss=dict(c.peak_rss),
             never_ran=list(self._engine.never_ran) if self._engine else [],
             disk_folder=str(self._layout.store.folder) if self._layout.store else None,
             notes=list(self.plan.notes) + self._layout.notes,
@@ -155,6 +156,7 @@ def apply_offload(
     layout.build(progress)  # restores everything itself if it fails
     release_freed_memory()
     counters = Counters()
+    counters.sample_rss()
     streamed = [rt for rt, gp in zip(layout.runtimes, plan.groups) if not gp.resident]
     engine = None
     if streamed:

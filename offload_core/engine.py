@@ -174,6 +174,7 @@ class Engine:
         self._release_current()
         self.in_forward = False
         self.counters.add(forwards=1)
+        self.counters.sample_rss()
         if [g.spec.index for g in self.observed] != [g.spec.index for g in self.order]:
             self._retrace()
         self._resolve_timings()

@@ -20,6 +20,18 @@ class Counters:
     disk_s: float = 0.0  # time the reads took, summed over reader threads
     stall_s: float = 0.0  # time compute could not proceed because a group was not there
     on_demand_loads: int = 0  # loads the prefetcher did not predict
+    #: Peaks of RssAnon/RssFile/RssShmem, sampled at apply and at every forward's end.
+    peak_rss: dict[str, int] = field(
+        default_factory=lambda: {"rss_anon": 0, "rss_file": 0, "rss_shmem": 0}
+    )
+
+    def sample_rss(self) -> None:
+        from .memory import process_memory
+
+        now = process_memory().as_dict()
+        with self.lock:
+            for k, v in now.items():
+                self.peak_rss[k] = max(self.peak_rss[k], v)
 
     def add(self, **kw: float) -> None:
         with self.lock:
@@ -48,6 +60,7 @@ class OffloadStats:
     stall_s: float
     overlap: float | None  # share of transfer time hidden behind compute
     peak_vram: int | None
+    peak_rss: dict[str, int]  # at forward boundaries: rss_anon / rss_file / rss_shmem
     never_ran: list[str]
     disk_folder: str | None
     notes: list[str]

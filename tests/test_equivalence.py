@@ -71,7 +71,7 @@ def test_block_groups_and_prefetch_depths(tmp_path, depth):
 
 
 def test_leaf_order_is_traced_then_predicted():
-    x, ref = reference("fp32")
+    x, _ref = reference("fp32")
     model = make_model("fp32")
     handle = apply_offload(
         model, OffloadPolicy(level=LeafLevel(), tier=RamTier()), onload_device="cpu"

@@ -21,9 +21,9 @@ from offload_core import (
     DiskTier,
     OffloadPolicy,
     apply_offload,
+    diskstore,
     plan_offload,
 )
-from offload_core import diskstore
 from tests.helpers import make_model, reference, snapshot, state_equal
 
 REPO = Path(__file__).resolve().parents[1]
@@ -228,7 +228,7 @@ def test_never_deletes_what_it_did_not_write(tmp_path):
     squatter = tmp_path / "ferry-DemoDiT"
     squatter.mkdir()
     (squatter / "group-00000.safetensors").write_text("not Ferry's")
-    model, handle, _, _, _ = _applied_on_disk(tmp_path)
+    _model, handle, _, _, _ = _applied_on_disk(tmp_path)
     assert handle.stats().disk_folder == str(tmp_path / "ferry-DemoDiT-2"), (
         "a folder Ferry did not make is left alone"
     )

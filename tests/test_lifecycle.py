@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -127,7 +128,7 @@ def test_budget_keeps_evenly_spaced_groups_resident():
     resident = [i for i, g in enumerate(plan.groups) if g.resident]
     assert len(resident) == 4
     assert plan.device_bytes <= budget
-    gaps = {b - a for a, b in zip(resident, resident[1:])}
+    gaps = {b - a for a, b in itertools.pairwise(resident)}
     assert max(gaps) - min(gaps) <= 1, f"resident groups not evenly spaced: {resident}"
     handle = apply_offload(model, policy, onload_device="cpu")
     with torch.no_grad():
@@ -144,7 +145,7 @@ def test_budget_keeps_evenly_spaced_groups_resident():
 
 def test_plan_describes_before_anything_moves():
     model = make_model("fp32")
-    before, ids, _ = snapshot(model)
+    before, _ids, _ = snapshot(model)
     plan = plan_offload(
         model, OffloadPolicy(level=BlockLevel(2), tier=PinnedRamTier()), onload_device="cpu"
     )
@@ -210,7 +211,7 @@ def test_group_files_are_valid_safetensors(tmp_path):
     assert len(files) == handle.stats().groups
     sd = model.state_dict()
     with safe_open(str(files[0]), "pt") as f:
-        keys = [k for k in f.keys() if not k.startswith("__ferry_pad")]
+        keys = [k for k in f.keys() if not k.startswith("__ferry_pad")]  # noqa: SIM118
         for k in keys:
             assert torch.equal(f.get_tensor(k), sd[k])
         assert f.metadata()["ferry"] == "1"
