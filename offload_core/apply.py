@@ -205,6 +205,7 @@ class _Layout:
                     and (ckpt is None or checkpoint_chunks(g.entries, *ckpt) is None)
                 )
                 self.store = GroupStore.open(tier.path, self.name, need)
+                self.store.direct_io = tier.direct_io
                 if self.store.stale_note:
                     log.warning("ferry: %s", self.store.stale_note)
                     self.notes.append(self.store.stale_note)

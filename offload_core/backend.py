@@ -26,6 +26,8 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
+from .layout import page_aligned_empty
+
 T = TypeVar("T")
 
 
@@ -85,10 +87,12 @@ class SyncBackend:
         dst.copy_(src, non_blocking=self.device.type != "cpu")
 
     def empty_device(self, nbytes: int) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return page_aligned_empty(nbytes)  # disk reads land here directly
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def empty_host(self, nbytes: int, pinned: bool) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8)
+        return page_aligned_empty(nbytes)
 
     def release_host(self, buf: torch.Tensor) -> None:
         pass
@@ -143,7 +147,7 @@ class StreamBackend:
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def empty_host(self, nbytes: int, pinned: bool) -> torch.Tensor:
-        buf = torch.empty(nbytes, dtype=torch.uint8)
+        buf = page_aligned_empty(nbytes)
         if pinned and nbytes:
             if self.device.type == "cuda":
                 # Register the exact allocation: the caching host allocator would round a

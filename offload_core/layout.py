@@ -30,6 +30,13 @@ def align_up(n: int, to: int = ALIGN) -> int:
     return (n + to - 1) // to * to
 
 
+def page_aligned_empty(nbytes: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A uint8 buffer starting on a page boundary (direct I/O reads into it)."""
+    raw = torch.empty(nbytes + PAGE, dtype=torch.uint8, device=device)
+    skip = (-raw.data_ptr()) % PAGE
+    return raw[skip : skip + nbytes]
+
+
 @dataclass(frozen=True)
 class Part:
     """One plain tensor stored at ``offset`` in a slab, with its own strides."""
