@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # One entry point for everything: sets up .venv on first use, then runs a job.
-#   bash run.sh demo [--size-gb 2 --tier pinned ...]   the main job (the CLI demo; see README)
+#   bash run.sh [panel] [--port 7860 --no-browser]      the main job: the panel on the demo model
+#   bash run.sh demo [--size-gb 2 --tier pinned ...]   the CLI demo: resident vs offloaded table
 #   bash run.sh test [pytest args]                      lint, type-check and the test suite
 set -euo pipefail
 cd "$(dirname "$0")"
-job=${1:-demo}
-shift || true
+job=panel
+case "${1:-}" in
+  ""|-*) ;;                 # no job named: the panel, with any flags given
+  *) job=$1; shift ;;
+esac
 venv=${FERRY_VENV:-.venv}
 py="$venv/bin/python"
 if [ ! -x "$py" ]; then
@@ -22,6 +26,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=${TORCHAO_FORCE_SKIP_LOADING_SO_FILES:-1}
 case "$job" in
+  panel) exec "$py" scripts/panel.py "$@" ;;
   demo)  exec "$py" -m offload_core.demo "$@" ;;
   test)
     "$py" -m ruff check .
@@ -29,5 +34,5 @@ case "$job" in
     "$py" -m mypy
     exec "$py" -m pytest "$@"
     ;;
-  *) echo "usage: bash run.sh {demo|test} [args]" >&2; exit 2 ;;
+  *) echo "usage: bash run.sh {panel|demo|test} [args]" >&2; exit 2 ;;
 esac

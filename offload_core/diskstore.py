@@ -112,6 +112,7 @@ class GroupStore:
 
     def __init__(self, folder: Path, stale_note: str | None) -> None:
         self.direct_io = True
+        self.created_parents: list[Path] = []
         self.folder = folder
         self.stale_note = stale_note
         self.written: list[Path] = []
@@ -122,6 +123,11 @@ class GroupStore:
         root = Path(disk_path).expanduser()
         if root.exists() and not root.is_dir():
             raise DiskPathError("disk_path", f"{root} is a file; give a folder for the disk tier")
+        created = []  # the folders Ferry makes for disk_path: removed again if left empty
+        probe_dir = root
+        while not probe_dir.exists():
+            created.append(probe_dir)
+            probe_dir = probe_dir.parent
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -174,6 +180,7 @@ class GroupStore:
                 "disk_path", f"cannot write in {root} ({e.strerror}); choose a writable folder"
             ) from None
         store = cls(folder, stale_note)
+        store.created_parents = created
         store._remove_own_files()
         store._write_marker("writing")
         _IN_USE.add(str(folder.resolve()))
@@ -247,10 +254,11 @@ class GroupStore:
                 (self.folder / n).unlink()
             except FileNotFoundError:
                 pass
-        try:
-            self.folder.rmdir()
-        except OSError:
-            pass  # the user put something of theirs here: leave it
+        for d in [self.folder, *self.created_parents]:
+            try:
+                d.rmdir()
+            except OSError:
+                break  # the user put something of theirs here: leave it
 
 
 def _own_files_size(folder: Path) -> int:

@@ -236,3 +236,12 @@ def test_never_deletes_what_it_did_not_write(tmp_path):
     assert (tmp_path / "mine.txt").read_text() == "user file"
     assert (squatter / "group-00000.safetensors").read_text() == "not Ferry's"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ferry-DemoDiT", "mine.txt"]
+
+
+def test_folders_ferry_created_are_removed_when_empty(tmp_path):
+    target = tmp_path / "made" / "by" / "ferry"
+    model = make_model("fp32")
+    handle = apply_offload(model, OffloadPolicy(tier=DiskTier(str(target))), onload_device="cpu")
+    assert target.is_dir()
+    handle.remove()
+    assert list(tmp_path.iterdir()) == []

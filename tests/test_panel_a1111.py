@@ -1,0 +1,42 @@
+"""The A1111/Forge tab: registered through on_ui_tabs where Gradio can draw the panel,
+refused with a one-line hint on their older Gradio. A stand-in script_callbacks plays A1111."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+gr = pytest.importorskip("gradio")
+
+
+def test_tab_registers_on_gradio_6_and_builds_the_panel(pack: ModuleType) -> None:
+    a1111 = importlib.import_module(f"{pack.__name__}.web.panel.a1111")
+    monitor = importlib.import_module(f"{pack.__name__}.offload_core.monitor").get_monitor()
+    was_running = monitor.running
+    registered: list[Any] = []
+    fake = SimpleNamespace(on_ui_tabs=registered.append)
+    assert a1111.register_tab(fake, "6.31.0") is True
+    assert len(registered) == 1
+    try:
+        [(blocks, title, elem_id)] = registered[0]()
+        assert isinstance(blocks, gr.Blocks) and (title, elem_id) == ("Ferry", "ferry_panel")
+    finally:
+        if not was_running:
+            monitor.stop()
+
+
+@pytest.mark.parametrize("version", ["3.41.2", "4.40.0"])
+def test_older_gradio_gets_a_hint_not_a_broken_tab(
+    pack: ModuleType, version: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a1111 = importlib.import_module(f"{pack.__name__}.web.panel.a1111")
+    registered: list[Any] = []
+    assert a1111.register_tab(SimpleNamespace(on_ui_tabs=registered.append), version) is False
+    assert registered == []
+    assert (
+        f"runs Gradio {version}; start the panel on its own with: python scripts/panel.py"
+        in capsys.readouterr().err
+    )

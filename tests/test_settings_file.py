@@ -1,0 +1,126 @@
+"""The settings file: what the panel saves is exactly what the nodes read; bad files fail
+with a message naming the setting; writes are atomic and never leave stray files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from offload_core import BlockLevel, ConfigError, DiskTier, LeafLevel, OffloadPolicy, RamTier
+from offload_core.settings_file import (
+    PanelSettings,
+    default_settings_path,
+    load_settings,
+    save_settings,
+)
+
+
+def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
+    s = PanelSettings(
+        OffloadPolicy(
+            level=BlockLevel(3), tier=DiskTier(str(tmp_path / "swap")), prefetch_depth=2,
+            vram_budget=6 << 30, headroom_bytes=1 << 30,
+        ),
+        quant_preset="int8-weight",
+    )  # fmt: skip
+    path = save_settings(s, tmp_path / "settings.json")
+    assert load_settings(path) == s
+    data = json.loads(path.read_text())
+    assert data["policy"]["blocks_per_group"] == 3 and data["policy"]["tier"] == "disk"
+    assert data["policy"]["vram_budget_gb"] == 6.0 and data["quant_preset"] == "int8-weight"
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [OffloadPolicy(level=LeafLevel(), tier=RamTier()), OffloadPolicy(vram_budget="auto")],
+)
+def test_round_trip_other_levels_and_auto(tmp_path: Path, policy: OffloadPolicy) -> None:
+    p = tmp_path / "s.json"
+    save_settings(PanelSettings(policy), p)
+    assert load_settings(p).policy == policy
+
+
+def test_missing_file_gives_defaults(tmp_path: Path) -> None:
+    assert load_settings(tmp_path / "nothing.json") == PanelSettings()
+
+
+@pytest.mark.parametrize(
+    ("content", "setting"),
+    [
+        ({"policy": {"blocks_per_group": 0}}, "blocks_per_group"),
+        ({"policy": {"tier": "tape"}}, "tier"),
+        ({"policy": {"tier": "disk"}}, "disk_path"),
+        ({"policy": {"prefetch_depth": 99}}, "prefetch_depth"),
+        ({"policy": {"vram_budget_gb": "lots"}}, "vram_budget_gb"),
+        ({"policy": {"blocks_per_grup": 2}}, "blocks_per_grup"),
+        ({"quant_preset": "int3-magic"}, "quant_preset"),
+        ({"ferry_settings": 99}, "ferry_settings"),
+        ({"colour": "blue"}, "colour"),
+        ([1, 2], "settings_file"),
+    ],
+)
+def test_invalid_file_names_the_setting(tmp_path: Path, content: object, setting: str) -> None:
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(content))
+    with pytest.raises(ConfigError) as e:
+        load_settings(p)
+    assert e.value.setting == setting
+    assert str(e.value).startswith(f"{setting}: ")
+
+
+def test_invalid_json_names_the_file_and_line(tmp_path: Path) -> None:
+    p = tmp_path / "s.json"
+    p.write_text('{\n  "policy": {,}\n}')
+    with pytest.raises(ConfigError, match=r"settings_file: .*s\.json is not valid JSON \(line 2"):
+        load_settings(p)
+
+
+def test_invalid_settings_are_not_written(tmp_path: Path) -> None:
+    p = tmp_path / "s.json"
+    with pytest.raises(ConfigError, match=r"^quant_preset: "):
+        save_settings(PanelSettings(quant_preset="bogus"), p)
+    with pytest.raises(ConfigError, match=r"^blocks_per_group: "):
+        save_settings(PanelSettings(OffloadPolicy(level=BlockLevel(0))), p)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    p = tmp_path / "deep" / "er" / "s.json"
+    save_settings(PanelSettings(OffloadPolicy(level=BlockLevel(2))), p)
+    first_inode = p.stat().st_ino
+    save_settings(PanelSettings(OffloadPolicy(level=BlockLevel(4))), p)
+    # os.replace swaps in a new file: a reader holding the old one never sees a half write.
+    assert p.stat().st_ino != first_inode
+    assert load_settings(p).policy.level == BlockLevel(4)
+    assert sorted(x.name for x in p.parent.iterdir()) == ["s.json"]
+
+
+def test_failed_write_removes_only_its_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = tmp_path / "s.json"
+    (tmp_path / "keep.txt").write_text("not Ferry's")
+
+    def boom(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        save_settings(PanelSettings(), p)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["keep.txt"]
+
+
+def test_default_path_env_override_and_per_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FERRY_SETTINGS", str(tmp_path / "mine.json"))
+    assert default_settings_path() == tmp_path / "mine.json"
+    save_settings(PanelSettings(OffloadPolicy(level=BlockLevel(5))))
+    assert load_settings().policy.level == BlockLevel(5)
+    monkeypatch.delenv("FERRY_SETTINGS")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    if os.name == "posix" and os.uname().sysname == "Linux":
+        assert default_settings_path() == tmp_path / "cfg" / "ferry" / "settings.json"

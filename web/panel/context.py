@@ -1,0 +1,228 @@
+"""What the panel works on: the settings file, the live offloaded models, the demo model.
+
+No gradio here: the views call these methods, and tests call them directly. One lock
+(``run_lock``) serialises everything that runs or re-offloads a model, so Apply never
+swaps a policy under a running forward ("between runs").
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...offload_core import (
+    BlockLevel,
+    ConfigError,
+    FerryError,
+    OffloadPolicy,
+    RamTier,
+    apply_offload,
+    live_offloads,
+    plan_offload,
+)
+from ...offload_core.monitor import Monitor, get_monitor
+from ...offload_core.settings_file import (
+    PanelSettings,
+    default_settings_path,
+    load_settings,
+    save_settings,
+)
+
+#: Bound for the blocks-per-group slider when no model is known yet (ComfyUI, nothing loaded).
+DEFAULT_MAX_BLOCKS = 64
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def meta_twin(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose tensors are on the meta device: same structure, no memory.
+
+    Plans for any policy can be drawn on it while the real model is offloaded (plan_offload
+    refuses an offloaded model). Call it before the model is offloaded.
+    """
+    memo: dict[int, Any] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        mt = torch.empty_like(t, device="meta")
+        memo[id(t)] = (
+            torch.nn.Parameter(mt, requires_grad=t.requires_grad)
+            if isinstance(t, torch.nn.Parameter)
+            else mt
+        )
+    return copy.deepcopy(model, memo)
+
+
+@dataclass
+class DemoSession:
+    """The built-in demo model the standalone panel offloads and runs, and its meta twin
+    (see ``meta_twin``) that the settings preview plans on."""
+
+    size_gb: float
+    tokens: int = 64
+    dtype: torch.dtype = torch.float32
+    model: torch.nn.Module | None = None
+    twin: torch.nn.Module | None = None
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, device: str = "cpu") -> None:
+        from ...offload_core.demo_model import build_demo_model, demo_inputs
+
+        self.model = build_demo_model(size_gb=self.size_gb, dtype=self.dtype, seed=0)
+        # Inputs live where the forward runs: the engine brings weights there, not inputs.
+        self.inputs = demo_inputs(self.model, batch=1, tokens=self.tokens, seed=0, device=device)
+        self.twin = meta_twin(self.model)
+
+
+class PanelContext:
+    """State shared by all pages of one panel server."""
+
+    def __init__(
+        self,
+        *,
+        settings_path: str | Path | None = None,
+        demo: DemoSession | None = None,
+        onload_device: str | None = None,
+        monitor: Monitor | None = None,
+        is_busy: Callable[[], bool] | None = None,
+        reapply_hook: Callable[[Any, OffloadPolicy], str] | None = None,
+    ) -> None:
+        self.settings_path = Path(settings_path) if settings_path else default_settings_path()
+        self.demo = demo
+        self.monitor = monitor or get_monitor()
+        self.onload_device = onload_device or self.monitor.device or "cpu"
+        self.is_busy = is_busy or (lambda: False)
+        # A host that keeps its own reference to each handle (ComfyUI's binding) re-offloads
+        # through its own code: hook(handle, policy) -> one status line.
+        self.reapply_hook = reapply_hook
+        self.run_lock = threading.Lock()
+        self.last_status = ""
+
+    # ---- settings -----------------------------------------------------------------------
+    def load(self) -> PanelSettings:
+        return load_settings(self.settings_path)
+
+    def save(self, settings: PanelSettings) -> Path:
+        return save_settings(settings, self.settings_path)
+
+    # ---- the model the settings are for --------------------------------------------------
+    def reference_model(self) -> torch.nn.Module | None:
+        """The model previews are planned on: the demo's meta twin, else none (see plan)."""
+        if self.demo is not None and self.demo.twin is not None:
+            return self.demo.twin
+        return None
+
+    def _live_plan(self) -> Any | None:
+        # Inside ComfyUI there is no twin: the loaded model is already offloaded, so its
+        # current plan is what we can show (and its block count bounds the slider).
+        for h in live_offloads():
+            if getattr(h, "plan", None) is not None:
+                return h.plan
+        return None
+
+    def plan(self, policy: OffloadPolicy) -> Any | None:
+        """The plan of ``policy`` (nothing moves), or the live model's plan, or None."""
+        model = self.reference_model()
+        if model is None:
+            return self._live_plan()
+        return plan_offload(model, policy, onload_device=self.onload_device)
+
+    def max_blocks(self) -> int:
+        probe = OffloadPolicy(level=BlockLevel(1), tier=RamTier())
+        try:
+            plan = self.plan(probe)
+        except FerryError:
+            return DEFAULT_MAX_BLOCKS
+        return int(plan.max_blocks_per_group) if plan is not None else DEFAULT_MAX_BLOCKS
+
+    def needed_disk_bytes(self) -> int | None:
+        """What the disk tier would hold: every block's weights (an upper bound)."""
+        model = self.reference_model()
+        if model is not None:
+            return model_bytes(model)
+        live = self._live_plan()
+        return None if live is None else sum(g.nbytes for g in live.groups)
+
+    # ---- running and re-applying -----------------------------------------------------------
+    def start_demo(self, settings: PanelSettings) -> str:
+        """Builds the demo model and offloads it with the saved settings."""
+        assert self.demo is not None
+        self.demo.build(self.onload_device)
+        assert self.demo.model is not None
+        try:
+            apply_offload(
+                self.demo.model, settings.policy, onload_device=self.onload_device, name="demo"
+            )
+        except ConfigError as e:
+            # A saved disk path that is gone must not stop the panel: run resident, say why.
+            self.demo.model.to(self.onload_device)
+            return f"demo model runs without offload: {e}"
+        return "demo model offloaded with the saved settings"
+
+    def run_demo(self, seconds: float, progress: Callable[[float], None] | None = None) -> str:
+        """Runs the demo model's forward for about ``seconds`` so the plots have something to show."""
+        if self.demo is None or self.demo.model is None:
+            raise ConfigError("demo", "this panel has no demo model (it runs inside ComfyUI)")
+        if self.is_busy():
+            raise ConfigError("run", "a job is running; run the demo when it has finished")
+        if not self.run_lock.acquire(blocking=False):
+            raise ConfigError(
+                "run", "busy: the planner or Apply is running; try again when it ends"
+            )
+        try:
+            model, inputs = self.demo.model, self.demo.inputs
+            n = 0
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                while n == 0 or time.perf_counter() - t0 < seconds:
+                    model(**inputs)
+                    n += 1
+                    if progress is not None:
+                        progress(min(1.0, (time.perf_counter() - t0) / max(seconds, 1e-9)))
+            dt = time.perf_counter() - t0
+        finally:
+            self.run_lock.release()
+        return f"ran {n} forward(s) in {dt:.2f} s ({dt / n:.3f} s each)"
+
+    def reapply(self, policy: OffloadPolicy) -> list[str]:
+        """Re-offloads every live model with ``policy``: remove(), then apply_offload.
+
+        Refused while something runs (the host's is_busy, or a panel run): Apply is for
+        between runs. Returns one line per model.
+        """
+        policy.validate()
+        if self.is_busy():
+            raise ConfigError("apply", "a job is running; Apply again when it has finished")
+        if not self.run_lock.acquire(blocking=False):
+            raise ConfigError(
+                "apply", "busy: the planner or a demo run is running; try again when it ends"
+            )
+        try:
+            lines = []
+            for h in live_offloads():
+                if self.reapply_hook is not None:
+                    lines.append(self.reapply_hook(h, policy))
+                    continue
+                model = getattr(h, "model", None)
+                if model is None:
+                    continue
+                name = getattr(h, "name", None)
+                device = getattr(h, "device", None) or self.onload_device
+                h.remove()
+                try:
+                    apply_offload(model, policy, onload_device=str(device), name=name)
+                except FerryError as e:
+                    # The model stays resident (remove() put it back); say so, keep going.
+                    lines.append(f"{name}: not re-offloaded ({e}); it now runs without offload")
+                    continue
+                lines.append(f"{name}: re-offloaded")
+            return lines or ["no offloaded model is loaded; the settings apply at the next load"]
+        finally:
+            self.run_lock.release()

@@ -1,0 +1,147 @@
+"""The planner tab: "find settings for this machine" (offload_core.autotune) with a progress
+bar, its table, time-vs-memory plots, the recommendation and one-click save."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from ...offload_core.autotune import Budget, TuneResult, autotune, demo_factory
+from ...offload_core.errors import ConfigError, FerryError
+from ...offload_core.memory import system_available_ram
+from ...offload_core.policy import OffloadPolicy
+from ...offload_core.settings_file import PanelSettings
+from .context import PanelContext
+from .disk_check import check_disk_path
+from .forms import form_from_settings
+
+GB = float(1 << 30)
+TABLE_COLUMNS = ["#", "plan", "s/forward", "peak VRAM GB", "peak RAM GB", "fits", "note"]
+
+
+def _opt_gb(v: Any) -> float | None:
+    # A browser's number box cannot be empty (it shows 0), so 0 means "no limit" too;
+    # a negative number reaches Budget.from_gb and is refused there, naming the setting.
+    return None if v is None or v == "" or v == 0 else float(v)
+
+
+def result_frames(result: TuneResult) -> tuple[pd.DataFrame, pd.DataFrame]:
+    table = pd.DataFrame([r.as_record() for r in result.rows], columns=TABLE_COLUMNS)
+    ran = table[table["s/forward"].notna()]
+    points = pd.DataFrame(
+        {
+            "plan": ran["plan"],
+            "seconds per forward": ran["s/forward"].astype(float),
+            "peak VRAM GB": ran["peak VRAM GB"].astype(float),
+            "peak RAM GB": ran["peak RAM GB"].astype(float),
+            "fits the budget": ran["fits"],
+        }
+    )
+    return table, points
+
+
+def run_planner(
+    ctx: PanelContext,
+    vram_gb: Any,
+    ram_gb: Any,
+    size_gb: Any,
+    disk_path: str,
+    progress: Any = None,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, str, dict[str, Any] | None]:
+    """Measures the candidate plans; validates every input before any work."""
+    budget = Budget.from_gb(_opt_gb(vram_gb), _opt_gb(ram_gb))
+    if size_gb is None or not float(size_gb) > 0:
+        raise ConfigError("size_gb", f"the demo model size must be > 0 GB, got {size_gb!r}")
+    disk = (disk_path or "").strip() or None
+    if disk is not None:
+        chk = check_disk_path(disk, int(float(size_gb) * GB))
+        if not chk.ok:
+            raise ConfigError(
+                "disk_path",
+                chk.message.removeprefix("disk_path: ") + " (or clear it to skip the disk tier)",
+            )
+    if ctx.is_busy():
+        raise ConfigError("run", "a job is running; run the planner when it has finished")
+    if not ctx.run_lock.acquire(blocking=False):
+        raise ConfigError("run", "busy: a demo run or Apply is running; try again when it ends")
+    try:
+        result = autotune(
+            demo_factory(float(size_gb)),
+            budget=budget,
+            onload_device=ctx.onload_device,
+            disk_path=disk,
+            steps=2,
+            progress=(lambda d, t, what: progress((d, t), desc=what))
+            if progress is not None
+            else None,
+        )
+    finally:
+        ctx.run_lock.release()
+    table, points = result_frames(result)
+    best = result.recommended
+    return table, points, points, result.reason, (best.policy.to_dict() if best else None)
+
+
+def planner_event(ctx: PanelContext, vram_gb: Any, ram_gb: Any, size_gb: Any, disk_path: str,
+                  progress: gr.Progress = gr.Progress()) -> tuple[Any, ...]:  # fmt: skip
+    try:
+        table, vram_pts, ram_pts, reason, best = run_planner(
+            ctx, vram_gb, ram_gb, size_gb, disk_path, progress
+        )
+    except FerryError as e:
+        empty = pd.DataFrame(columns=TABLE_COLUMNS)
+        return empty, None, None, f"✖ {e}", None
+    return table, vram_pts, ram_pts, ("✔ " if best else "✖ ") + reason, best
+
+
+def save_recommended(ctx: PanelContext, best: dict[str, Any] | None, quant: str) -> list[Any]:
+    """Saves the recommended plan (keeping the chosen quantization) and fills the settings form."""
+    if not best:
+        return [gr.skip()] * 8 + ["✖ Nothing to save yet: run the planner first (or no plan fit)."]
+    try:
+        settings = PanelSettings(OffloadPolicy.from_dict(best), quant or "none")
+        path = ctx.save(settings)
+    except FerryError as e:
+        return [gr.skip()] * 8 + [f"✖ Not saved. {e}"]
+    form = form_from_settings(settings)
+    return [*form, f"✔ Saved the recommended plan to `{path}`; the Settings tab shows it."]
+
+
+def build_planner_tab(ctx: PanelContext, form: list[Any]) -> None:
+    gr.Markdown(
+        "**Find settings for this machine.** Ferry runs a test model under a few plans, measures "
+        "how fast each one is and how much VRAM and RAM it takes, and recommends the fastest one "
+        "that fits your budget. If the disk folder on the Settings tab is filled in, the disk tier "
+        "is tried too."
+    )
+    dev_total = None
+    snap = ctx.monitor.snapshot()
+    if snap.samples and snap.samples[-1].vram_total:
+        dev_total = round(snap.samples[-1].vram_total / GB, 1)
+    with gr.Row():
+        vram = gr.Number(
+            value=dev_total, label="VRAM budget (GB, 0 = no limit)", elem_id="ferry-plan-vram"
+        )
+        ram = gr.Number(value=round(system_available_ram() * 0.8 / GB, 1), label="RAM budget (GB, 0 = no limit)",
+                        elem_id="ferry-plan-ram")  # fmt: skip
+        size = gr.Number(value=ctx.demo.size_gb if ctx.demo else 0.25, label="Test model size (GB)", minimum=0.001,
+                         elem_id="ferry-plan-size")  # fmt: skip
+    run = gr.Button("Find settings for this machine", variant="primary", elem_id="ferry-plan-run")
+    verdict = gr.Markdown(elem_id="ferry-plan-verdict")
+    table = gr.Dataframe(headers=TABLE_COLUMNS, interactive=False, elem_id="ferry-plan-table")
+    with gr.Row():
+        vram_plot = gr.ScatterPlot(x="peak VRAM GB", y="seconds per forward", color="fits the budget",
+                                   title="Time vs peak VRAM", height=260, elem_id="ferry-plan-vram-plot")  # fmt: skip
+        ram_plot = gr.ScatterPlot(x="peak RAM GB", y="seconds per forward", color="fits the budget",
+                                  title="Time vs peak RAM", height=260, elem_id="ferry-plan-ram-plot")  # fmt: skip
+    best = gr.State(None)
+    save_btn = gr.Button("Save the recommended plan", elem_id="ferry-plan-save")
+    saved = gr.Markdown(elem_id="ferry-plan-saved")
+    disk_path, quant = form[3], form[7]
+    run.click(lambda v, r, s, d, progress=gr.Progress(): planner_event(ctx, v, r, s, d, progress),
+              inputs=[vram, ram, size, disk_path], outputs=[table, vram_plot, ram_plot, verdict, best],
+              api_name="run_planner")  # fmt: skip
+    save_btn.click(lambda b, q: save_recommended(ctx, b, q), inputs=[best, quant], outputs=[*form, saved],
+                   api_name="save_recommended")  # fmt: skip
