@@ -93,7 +93,9 @@ def _chunks(
     ]
     if not leaves:
         raise GroupingError("level", f"{type(model).__name__} has no layer with weights to offload")
-    return [(name or type(model).__name__, [(name, m)]) for name, m in leaves], 0
+    # The block lists still bound blocks_per_group if the user switches to block level.
+    longest = max((len(list(m.children())) for _, m in find_block_lists(model)), default=0)
+    return [(name or type(model).__name__, [(name, m)]) for name, m in leaves], longest
 
 
 def _tensors(prefix: str, mod: nn.Module) -> list[tuple[nn.Module, str, str, bool]]:

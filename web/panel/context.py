@@ -140,7 +140,10 @@ class PanelContext:
             plan = self.plan(probe)
         except FerryError:
             return DEFAULT_MAX_BLOCKS
-        return int(plan.max_blocks_per_group) if plan is not None else DEFAULT_MAX_BLOCKS
+        if plan is None:
+            return DEFAULT_MAX_BLOCKS
+        # A slider needs max > min: a model with no block list still shows 1..2.
+        return max(2, int(plan.max_blocks_per_group))
 
     def needed_disk_bytes(self) -> int | None:
         """What the disk tier would hold: every block's weights (an upper bound)."""

@@ -1,0 +1,96 @@
+"""What the /ferry/ routes do, as plain functions returning (HTTP status, JSON body).
+
+No aiohttp and no ComfyUI here (routes.py is the thin adapter), so CI tests every branch:
+each bad request gets a 4xx whose body names the field to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..offload_core.errors import ConfigError
+from ..offload_core.monitor import get_monitor
+from ..offload_core.settings_file import (
+    PanelSettings,
+    default_settings_path,
+    known_quant_presets,
+    load_settings,
+    save_settings,
+)
+from .stats import current_offloads, fresh_sample, stats_payload
+
+Reply = tuple[int, dict[str, Any]]
+
+
+def get_stats() -> Reply:
+    device = get_monitor().device
+    return 200, stats_payload(fresh_sample(device), current_offloads(), device)
+
+
+def get_settings(path: str | Path | None = None) -> Reply:
+    p = Path(path) if path is not None else default_settings_path()
+    body: dict[str, Any] = {"path": str(p), "presets": list(known_quant_presets())}
+    try:
+        body["settings"] = load_settings(p).to_dict()
+        body["error"] = None
+    except ConfigError as e:
+        # The file is there but broken: show why, and the defaults the form can start from.
+        body["settings"] = PanelSettings().to_dict()
+        body["error"] = str(e)
+        body["setting"] = e.setting
+    return 200, body
+
+
+def put_settings(body: Any, path: str | Path | None = None) -> Reply:
+    if not isinstance(body, dict):
+        return 400, {
+            "error": "send a JSON object {policy: {...}, quant_preset: ...}",
+            "setting": "body",
+        }
+    try:
+        settings = PanelSettings.from_dict(body)
+        written = save_settings(settings, path)
+    except ConfigError as e:
+        return 400, {"error": str(e), "setting": e.setting}
+    return 200, {"path": str(written), "settings": settings.to_dict(), "error": None}
+
+
+def start_panel(body: Any, launch: Callable[..., str], is_busy: Callable[[], bool] | None) -> Reply:
+    """Starts the Gradio panel on 127.0.0.1 (optionally on ``{"port": n}``); returns its URL."""
+    if body is None:
+        body = {}
+    if not isinstance(body, dict):
+        return 400, {"error": 'send a JSON object, e.g. {} or {"port": 7861}', "setting": "body"}
+    unknown = set(body) - {"port"}
+    if unknown:
+        return 400, {
+            "error": f"unknown field {sorted(unknown)[0]!r}; known: ['port']",
+            "setting": sorted(unknown)[0],
+        }
+    port = body.get("port")
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536
+    ):
+        return 400, {"error": f"port must be 1..65535 or absent, got {port!r}", "setting": "port"}
+    try:
+        url = launch("127.0.0.1", port, is_busy=is_busy)
+    except ConfigError as e:
+        return 400, {"error": str(e), "setting": e.setting}
+    except OSError as e:  # the port is taken
+        return 409, {"error": f"cannot listen on port {port}: {e}", "setting": "port"}
+    return 200, {"url": url}
+
+
+def panel_launcher() -> Callable[..., str]:
+    """The panel's launch function; ImportError (no gradio) tells the user what to install."""
+    try:
+        import gradio  # noqa: F401  (checked here so the error names the missing package)
+    except ImportError:
+        raise ImportError(
+            "the Ferry panel needs gradio in ComfyUI's Python: pip install 'gradio>=6,<7'"
+        ) from None
+    from ..web.panel.server import launch_panel
+
+    return launch_panel

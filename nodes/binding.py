@@ -1,0 +1,171 @@
+"""One diffusion model's live Ferry offload, kept across ComfyUI's load/unload cycles.
+
+ComfyUI clones a MODEL (a ModelPatcher) freely, and every clone shares one nn.Module. So the
+offload belongs to the module, not to a patcher: the binding lives on the shared BaseModel,
+and each Ferry patcher asks it to make the module match its config (``ensure``) or to let go
+(``release``). Pure PyTorch + offload_core; no ComfyUI import, so CI tests it directly.
+
+[Note: why a "loading" mark]
+load_models_gpu detaches every loaded clone of a model, the model itself included, just before
+it loads the requested one. Laying the groups out again on each prompt would cost a full copy
+(a full rewrite on the disk tier), so a detach that is immediately followed by a Ferry patcher
+with the same config keeps the offload. ComfyUI asks the *loading* patcher ``is_clone(...)``
+before that detach; a Ferry patcher marks itself there (``mark_loading``). A plain patcher
+leaves no mark, so a detach before it releases the offload and it gets the plain module back.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..offload_core import AlreadyOffloadedError, OffloadHandle, apply_offload, plan_offload
+from ..offload_core.plan import OffloadPlan
+from .config import FerryConfig
+
+ATTR = "ferry_binding"
+Progress = Callable[[int, int], None]
+_all: weakref.WeakSet[OffloadBinding] = weakref.WeakSet()
+
+
+class OffloadBinding:
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.handle: OffloadHandle | None = None
+        self.key: tuple[Any, ...] | None = None
+        self.loading: FerryConfig | None = None
+        self._owner: weakref.ref[Any] | None = None
+        self._base: weakref.ref[Any] | None = None
+        self._plans: dict[tuple[Any, str], OffloadPlan] = {}
+        _all.add(self)
+
+    @staticmethod
+    def of(owner: Any, module: nn.Module) -> OffloadBinding:
+        """The binding stored on ``owner`` (the shared BaseModel), created on first use."""
+        b = owner.__dict__.get(ATTR)
+        if b is None or b.module is not module:
+            b = OffloadBinding(module)
+            b._base = weakref.ref(owner)
+            owner.__dict__[ATTR] = b
+        return b
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def live(self) -> bool:
+        return self.handle is not None and not self.handle.removed
+
+    def plan(self, config: FerryConfig, device: torch.device | str) -> OffloadPlan:
+        """The plan for ``config`` on ``device`` (validates; moves nothing; cached)."""
+        k = (config.policy, str(device))
+        if self.live and self.handle is not None and self.key is not None and self.key[:2] == k:
+            return self.handle.plan
+        if k not in self._plans:
+            try:
+                self._plans[k] = plan_offload(self.module, config.policy, onload_device=device)
+            except AlreadyOffloadedError:
+                # Another config is laid out right now; it is released before this one
+                # applies, and apply_offload checks everything again then.
+                raise
+        return self._plans[k]
+
+    def serves(self, config: FerryConfig, device: torch.device | str) -> bool:
+        """True when the live layout is ``config``'s on ``device`` (whatever its weights)."""
+        k = self.key
+        return (
+            self.live
+            and k is not None
+            and (k[0], k[1], k[3]) == (config.policy, str(device), config.name)
+        )
+
+    def device_bytes(self) -> int:
+        """Weights Ferry holds on the onload device (outside groups, resident groups, slots)."""
+        return self.handle.plan.device_bytes if self.live and self.handle is not None else 0
+
+    # -- changing --------------------------------------------------------------------------
+    def ensure(
+        self,
+        config: FerryConfig,
+        device: torch.device | str,
+        weights_version: Any,
+        prepare_weights: Callable[[], None],
+        progress: Progress | None = None,
+    ) -> bool:
+        """Makes the module offloaded by ``config`` on ``device`` with weights at
+        ``weights_version``; returns True when it had to lay the groups out (again)."""
+        key = (config.policy, str(device), weights_version, config.name)
+        if self.live and self.key == key:
+            return False
+        self.release()
+        prepare_weights()
+        self.handle = apply_offload(
+            self.module, config.policy, onload_device=device, name=config.name, progress=progress
+        )
+        self.key = key
+        self._plans[key[:2]] = self.handle.plan
+        return True
+
+    def release(self) -> bool:
+        """Removes the offload (parameters back as they were, files deleted)."""
+        self.loading = None
+        if not self.live:
+            self.handle, self.key = None, None
+            return False
+        assert self.handle is not None
+        self.handle.remove()
+        self.handle, self.key, self._owner = None, None, None
+        return True
+
+    # -- the load_models_gpu handshake (see the Note above) ---------------------------------
+    def mark_loading(self, config: FerryConfig | None) -> None:
+        self.loading = config
+
+    def set_owner(self, patcher: Any) -> None:
+        """``patcher`` is the one loading (so using) the layout now."""
+        self._owner = weakref.ref(patcher)
+
+    def should_release_on_detach(self, patcher: Any) -> bool:
+        """Whether ``detach(unpatch_all=False)`` of ``patcher`` should release the layout.
+
+        ModelPatcher.__del__ detaches too, so a clone being garbage-collected must not pull
+        the layout from under the clone that is sampling: only the owner's detach (or any
+        detach once the owner is gone) releases, and not when a Ferry patcher with the same
+        config is about to load (see the Note above).
+        """
+        if self.keep_on_detach():
+            return False
+        owner = self._owner() if self._owner is not None else None
+        return owner is None or owner is patcher
+
+    def keep_on_detach(self) -> bool:
+        """True when the patcher about to load wants exactly the live offload."""
+        keep = (
+            self.live
+            and self.loading is not None
+            and self.key is not None
+            and (self.loading.policy, self.loading.name) == (self.key[0], self.key[3])
+        )
+        self.loading = None
+        return bool(keep)
+
+
+def release_from_panel(handle: Any, policy: Any) -> str:
+    """The Gradio panel's "Apply" inside ComfyUI (its ``reapply_hook``).
+
+    The layout belongs to the Ferry node's config, so the panel does not lay it out itself
+    (that would leave two offloads fighting over one module): it releases it, and the next
+    prompt lays the model out again, with the saved settings where the node's
+    use_panel_settings is on (the node re-runs when the settings file changes).
+    """
+    name = getattr(handle, "name", "model")
+    for b in list(_all):
+        if b.handle is handle:
+            b.release()
+            base = b._base() if b._base is not None else None
+            if base is not None and hasattr(base, "model_loaded_weight_memory"):
+                base.model_loaded_weight_memory = 0  # ComfyUI's count of the freed device bytes
+            return f"{name}: released; the next prompt lays it out again with its node's settings"
+    return f"{name}: not laid out by a Ferry node; left as it is"

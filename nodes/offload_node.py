@@ -1,0 +1,190 @@
+"""Node "Ferry Offload Model": MODEL -> MODEL whose diffusion model streams through Ferry.
+
+Thin: turns widgets into a policy (config.py), validates it against the model (the plan; the
+disk folder) before any weight moves, and returns a Ferry clone (patcher.py). The layout itself
+happens when ComfyUI loads the model for sampling.
+"""
+
+from __future__ import annotations
+
+import os
+
+import folder_paths
+from comfy_api.latest import io
+
+from ..offload_core import ConfigError
+from ..offload_core.settings_file import default_settings_path, load_settings
+from .binding import OffloadBinding
+from .config import (
+    LEVELS,
+    TIERS,
+    FerryConfig,
+    NodeInputError,
+    as_node_error,
+    check_disk_folder,
+    policy_from_inputs,
+    policy_from_panel,
+)
+from .patcher import ferry_clone
+
+NODE_ID = "FerryOffloadModel"  # stable forever: saved workflows refer to it
+
+
+def default_disk_path() -> str:
+    # ComfyUI empties its temp folder at start, which suits files that live one session.
+    return os.path.join(folder_paths.get_temp_directory(), "ferry")
+
+
+def settings_fingerprint() -> tuple[str, int, int]:
+    p = default_settings_path()
+    try:
+        st = p.stat()
+    except OSError:
+        return (str(p), 0, 0)
+    return (str(p), st.st_mtime_ns, st.st_size)
+
+
+class FerryOffloadModel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id=NODE_ID,
+            display_name="Ferry Offload Model",
+            category="Ferry",
+            description=(
+                "Streams the model's blocks to the GPU group by group while it runs, from pinned "
+                "RAM, RAM or disk, so models bigger than your VRAM (or RAM) run at close to full "
+                "speed. Put it right after the model loader; LoRA and other nodes can follow it."
+            ),
+            inputs=[
+                io.Model.Input("model", tooltip="The diffusion model to offload (from a loader)."),
+                io.Boolean.Input(
+                    "use_panel_settings",
+                    default=False,
+                    tooltip="On: use the settings saved in the Ferry panel (the sidebar's "
+                    "'Open panel' button) and ignore the widgets below.",
+                ),
+                io.Combo.Input(
+                    "level",
+                    options=list(LEVELS),
+                    default="block",
+                    tooltip="block: move whole transformer blocks (fast, the usual choice). "
+                    "leaf: move layer by layer (least VRAM, more transfers).",
+                ),
+                io.Int.Input(
+                    "blocks_per_group",
+                    default=1,
+                    min=1,
+                    max=256,
+                    tooltip="Blocks moved together (block level). More = fewer, larger copies "
+                    "and more VRAM. Must not exceed the model's block count.",
+                ),
+                io.Combo.Input(
+                    "tier",
+                    options=list(TIERS),
+                    default="pinned",
+                    tooltip="Where offloaded weights wait: pinned = page-locked RAM (fastest "
+                    "copies); ram = ordinary RAM; disk = files in disk_path (saves RAM).",
+                ),
+                io.String.Input(
+                    "disk_path",
+                    default="",
+                    tooltip="Folder for the disk tier, ideally on an SSD/NVMe. Empty: ComfyUI's "
+                    "temp folder. Ferry writes only its own ferry-* folder there.",
+                ),
+                io.Int.Input(
+                    "prefetch_depth",
+                    default=1,
+                    min=1,
+                    max=8,
+                    tooltip="Groups loaded ahead of the one computing. 1-2 hides most transfer "
+                    "time; each extra one costs one group of VRAM.",
+                ),
+                io.String.Input(
+                    "vram_budget",
+                    default="auto",
+                    tooltip="VRAM Ferry may use for weights: 'auto' keeps as many groups "
+                    "resident as fit; a number of GB (e.g. 6); empty streams every group "
+                    "(least VRAM).",
+                ),
+            ],
+            outputs=[io.Model.Output(tooltip="The same model; it loads through Ferry.")],
+        )
+
+    @classmethod
+    def fingerprint_inputs(cls, use_panel_settings: bool, **kwargs: object) -> object:
+        # With the panel's settings the node must run again when the panel saves new ones.
+        return settings_fingerprint() if use_panel_settings else ""
+
+    @classmethod
+    def validate_inputs(
+        cls, use_panel_settings: bool, tier: str, vram_budget: str, disk_path: str
+    ) -> bool | str:
+        # What needs no model is checked before the prompt is queued: a node error at once.
+        # (blocks_per_group and prefetch_depth keep ComfyUI's own min/max checks.)
+        if use_panel_settings:
+            return True  # the widgets are ignored; execute() checks the panel's settings
+        try:
+            policy = policy_from_inputs(
+                level="block",
+                blocks_per_group=1,
+                tier=tier,
+                disk_path=disk_path,
+                prefetch_depth=1,
+                vram_budget=vram_budget,
+                default_disk_path=default_disk_path(),
+            )
+            if policy.tier_name == "disk":
+                check_disk_folder(policy.tier.path)  # type: ignore[union-attr]
+        except NodeInputError as e:
+            return str(e)
+        return True
+
+    @classmethod
+    def execute(
+        cls,
+        model: object,
+        use_panel_settings: bool,
+        level: str,
+        blocks_per_group: int,
+        tier: str,
+        disk_path: str,
+        prefetch_depth: int,
+        vram_budget: str,
+    ) -> io.NodeOutput:
+        if use_panel_settings:
+            policy = policy_from_panel(load_settings)
+        else:
+            policy = policy_from_inputs(
+                level=level,
+                blocks_per_group=blocks_per_group,
+                tier=tier,
+                disk_path=disk_path,
+                prefetch_depth=prefetch_depth,
+                vram_budget=vram_budget,
+                default_disk_path=default_disk_path(),
+            )
+        config = FerryConfig(policy, name=_model_name(model))
+        if not getattr(model, "patches", None):
+            # Weights as in their file: the disk tier may read groups from it, not write copies.
+            config = config.with_source_checkpoint(getattr(model, "ferry_source_checkpoint", None))
+        out = ferry_clone(model, config)
+        base = out.model
+        # Validate against this model before any weight moves: grouping, block count, budget.
+        try:
+            plan = OffloadBinding.of(base, base.diffusion_model).plan(config, out.load_device)
+        except ConfigError as e:
+            raise as_node_error(e, panel=use_panel_settings) from None
+        if policy.tier_name == "disk":
+            try:
+                check_disk_folder(policy.tier.path, plan.offloaded_bytes)  # type: ignore[union-attr]
+            except NodeInputError as e:
+                if use_panel_settings:
+                    raise NodeInputError("use_panel_settings", f"the panel's {e}") from None
+                raise
+        return io.NodeOutput(out)
+
+
+def _model_name(model: object) -> str:
+    inner = getattr(getattr(model, "model", None), "diffusion_model", None)
+    return type(inner).__name__ if inner is not None else "diffusion_model"

@@ -1,0 +1,225 @@
+"""A ModelPatcher that loads its diffusion model through Ferry instead of moving it whole.
+
+Integrates the way ComfyUI core expects (as ComfyUI-GGUF does): a ModelPatcher subclass that
+overrides the loading verbs, no global monkeypatching. What ComfyUI sees:
+
+- ``load``: Ferry lays the groups out (or keeps the live layout) and reports the bytes it holds
+  on the device as ``model_loaded_weight_memory``, so ComfyUI's accounting sees them;
+  ``model_size`` is Ferry's device footprint, so ComfyUI frees that much room, not the model's.
+- ``partially_unload`` frees nothing piecemeal (ComfyUI would move Ferry's groups behind its
+  back); ComfyUI then unloads the model entirely, which releases Ferry's device memory.
+- LoRA and other weight patches are computed the way ComfyUI computes them (on the load device,
+  in float32, with its rounding) and only then laid out, so a LoRA after Ferry gives the same
+  output as without Ferry. A patch change lays the groups out again.
+- ``clone()`` keeps the class and the config, so every node after Ferry keeps the offload.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import comfy.model_management
+import comfy.model_patcher
+import comfy.utils
+import torch
+from comfy.patcher_extension import CallbacksMP, WrappersMP
+
+from ..offload_core import ConfigError, FerryError
+from .binding import OffloadBinding
+from .config import FerryConfig, NodeInputError, as_node_error
+from .dynamic import plain_patcher
+from .pusher import ensure_pushing
+
+log = logging.getLogger("ferry")
+
+
+class FerryPatcherMixin:
+    """Put in front of the input MODEL's own patcher class (see ``ferry_patcher_class``)."""
+
+    ferry_config: FerryConfig | None = None
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _ferry_binding(self) -> OffloadBinding:
+        return OffloadBinding.of(self.model, self.model.diffusion_model)
+
+    def _ferry_release(self) -> bool:
+        return hasattr(self.model, "diffusion_model") and self._ferry_binding().release()
+
+    def _ferry_release_on_detach(self) -> bool:
+        return hasattr(
+            self.model, "diffusion_model"
+        ) and self._ferry_binding().should_release_on_detach(self)
+
+    def _ferry_outside_modules(self) -> list[torch.nn.Module]:
+        # BaseModel's parts other than the network (model_sampling's sigmas, ...): tiny, and
+        # ComfyUI expects them on the load device.
+        dm = self.model.diffusion_model
+        return [m for m in self.model.children() if m is not dm]
+
+    def _ferry_refuse_compile(self) -> None:
+        # Checked on every load, before any weight moves (a laid-out model skips load()).
+        if self.get_wrappers(WrappersMP.APPLY_MODEL, COMPILE_KEY):
+            raise FerryError(COMPILE_HELP)
+
+    def _ferry_prepare(self, device_to: torch.device) -> None:
+        # Start from the plain host copy: a plain clone may have left the module on the device,
+        # or with lowvram weight functions that would apply its patches a second time.
+        if getattr(self.model, "model_lowvram", False):
+            for m in self.model.modules():
+                comfy.model_patcher.wipe_lowvram_weight(m)
+            self.model.model_lowvram = False
+        self.model.diffusion_model.to(self.offload_device)
+        self._ferry_patch_weights(device_to)
+
+    def _ferry_patch_weights(self, device_to: torch.device | None) -> None:
+        """Bakes this patcher's weight patches (LoRA, ...) into the host weights, exactly as
+        ComfyUI's full load computes them, so Ferry lays out the patched weights."""
+        for key in list(self.patches):
+            bk = self.backup.get(key)
+            if bk is not None:  # already patched by an earlier layout: start from the original
+                comfy.utils.set_attr_param(self.model, key, bk.weight)
+            self.patch_weight_to_device(key, device_to=device_to)
+            w = comfy.utils.get_attr(self.model, key)
+            if w.device != self.offload_device:
+                comfy.utils.set_attr_param(self.model, key, w.to(self.offload_device))
+
+    # -- ModelPatcher verbs ----------------------------------------------------------------
+    def clone(self, *args: Any, **kwargs: Any) -> Any:
+        n = super().clone(*args, **kwargs)  # type: ignore[misc]
+        n.ferry_config = self.ferry_config
+        return n
+
+    def is_clone(self, other: Any) -> bool:
+        # load_models_gpu asks the patcher it is about to load; see binding.py's Note.
+        if hasattr(self.model, "diffusion_model"):
+            self._ferry_binding().mark_loading(self.ferry_config)
+        return super().is_clone(other)  # type: ignore[misc]
+
+    def model_size(self) -> int:
+        cfg = self.ferry_config
+        if cfg is None:
+            return super().model_size()  # type: ignore[misc]
+        try:
+            plan = self._ferry_binding().plan(cfg, self.load_device)
+        except ConfigError:
+            return super().model_size()  # type: ignore[misc]
+        outside = sum(comfy.model_management.module_size(m) for m in self._ferry_outside_modules())
+        return plan.device_bytes + outside
+
+    def partially_load(
+        self, device_to: Any, extra_memory: Any = 0, *args: Any, **kwargs: Any
+    ) -> Any:
+        cfg = self.ferry_config
+        if cfg is not None:
+            self._ferry_refuse_compile()
+            self._ferry_binding().set_owner(self)
+        if cfg is not None and not self._ferry_binding().serves(cfg, device_to):
+            # Whatever holds the module now (a plain clone's full load) is not Ferry's layout:
+            # report nothing loaded, so ModelPatcher.partially_load goes on to our load().
+            self.model.model_loaded_weight_memory = 0
+        return super().partially_load(device_to, extra_memory, *args, **kwargs)  # type: ignore[misc]
+
+    def load(
+        self,
+        device_to: Any = None,
+        lowvram_model_memory: int = 0,
+        force_patch_weights: bool = False,
+        full_load: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        cfg = self.ferry_config
+        if cfg is None:
+            return super().load(
+                device_to, lowvram_model_memory, force_patch_weights, full_load, **kwargs
+            )  # type: ignore[misc]
+        device = device_to if device_to is not None else self.load_device
+        self._ferry_refuse_compile()
+        with self.use_ejected():
+            self.unpatch_hooks()
+            binding = self._ferry_binding()
+            pbar = comfy.utils.ProgressBar(1)
+
+            def progress(done: int, total: int) -> None:
+                pbar.update_absolute(done, total)
+
+            try:
+                changed = binding.ensure(
+                    cfg,
+                    device,
+                    self.patches_uuid if self.patches else None,
+                    lambda: self._ferry_prepare(device),
+                    progress,
+                )
+            except ConfigError as e:
+                raise as_node_error(e) from None
+            outside = 0
+            for m in self._ferry_outside_modules():
+                m.to(device)
+                outside += comfy.model_management.module_size(m)
+            if changed:
+                log.info("ferry: laid out %s\n%s", cfg.name, binding.handle.plan.describe())
+            self.model.device = device
+            self.model.model_lowvram = False
+            self.model.lowvram_patch_counter = 0
+            self.model.model_loaded_weight_memory = binding.device_bytes() + outside
+            self.model.current_weight_patches_uuid = self.patches_uuid
+            for callback in self.get_all_callbacks(CallbacksMP.ON_LOAD):
+                callback(self, device_to, lowvram_model_memory, force_patch_weights, full_load)
+            self.apply_hooks(self.forced_hooks, force_apply=True)
+        ensure_pushing()
+
+    def partially_unload(
+        self, device_to: Any, memory_to_free: int = 0, *args: Any, **kwargs: Any
+    ) -> int:
+        if self.ferry_config is None:
+            return super().partially_unload(device_to, memory_to_free, *args, **kwargs)  # type: ignore[misc]
+        # Freeing part of a layout would mean moving groups behind the engine's back. Reporting
+        # nothing freed makes ComfyUI unload the whole model instead (detach -> release).
+        return 0
+
+    def unpatch_model(self, device_to: Any = None, unpatch_weights: bool = True) -> None:
+        # Before ComfyUI restores the unpatched weights and moves the model, the module must
+        # be plain again.
+        if unpatch_weights and self._ferry_release():
+            self.model.model_loaded_weight_memory = 0
+        return super().unpatch_model(device_to, unpatch_weights)  # type: ignore[misc]
+
+    def detach(self, unpatch_all: bool = True) -> Any:
+        # See binding.py: a full unload releases; a detach releases only when no Ferry reload
+        # with the same config follows and this patcher owns the layout (or nobody does).
+        release = unpatch_all or self._ferry_release_on_detach()
+        if release and self._ferry_release():
+            self.model.model_loaded_weight_memory = 0
+        return super().detach(unpatch_all)  # type: ignore[misc]
+
+
+# comfy_api.torch_helpers' wrapper key (a string there too; not imported: older cores lack it).
+COMPILE_KEY = "torch.compile"
+COMPILE_HELP = (
+    "TorchCompileModel cannot compile a model that Ferry Offload Model streams: the compiled "
+    "graph traces into Ferry's weight swaps between blocks and fails. Bypass the "
+    "TorchCompileModel node (or the Ferry node) for this model."
+)
+
+_classes: dict[type, type] = {}
+
+
+def ferry_patcher_class(base: type) -> type:
+    """``base`` with Ferry's loading in front; keeps another pack's subclass (e.g. GGUF's)."""
+    if issubclass(base, FerryPatcherMixin):
+        return base
+    if base not in _classes:
+        _classes[base] = type(f"Ferry{base.__name__}", (FerryPatcherMixin, base), {})
+    return _classes[base]
+
+
+def ferry_clone(model: Any, config: FerryConfig) -> Any:
+    """A clone of the MODEL ``model`` whose loads go through Ferry with ``config``."""
+    if not hasattr(getattr(model, "model", None), "diffusion_model"):
+        raise NodeInputError("model", "is not a diffusion model (it has no diffusion_model)")
+    src = plain_patcher(model)  # ComfyUI >= 0.15 with dynamic VRAM: see dynamic.py
+    n = src.clone()
+    n.__class__ = ferry_patcher_class(type(src))
+    n.ferry_config = config
+    return n

@@ -1,0 +1,122 @@
+"""Loading a diffusion model from ComfyUI's diffusion_models folder, quantized on the way in.
+
+ComfyUI detects the architecture from the file's keys and shapes; Ferry builds the network on
+the meta device with that config and lets offload_core.quant fill it layer by layer (quantizing
+each Linear as it arrives, through the cache when asked), so the full-precision model is never
+in RAM. A file that needs ComfyUI's key conversion (diffusers layout, prefixes) or a network
+with computed buffers falls back to ComfyUI's own load followed by in-place quantization.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import comfy.model_detection
+import comfy.model_management as mm
+import comfy.model_patcher
+import comfy.sd
+import comfy.utils
+import folder_paths
+import torch
+
+from ..offload_core import ConfigError
+from ..offload_core.quant import load_quantized, quantize_model, resolve_preset
+from ..offload_core.quant.safetensors_file import read_checkpoint_header
+from .config import NodeInputError
+
+log = logging.getLogger("ferry")
+Progress = Callable[[int, int], None]
+# offload_core.quant's settings -> this node's inputs
+_WIDGET = {"quant_preset": "quant_preset", "cache_dir": "cache", "checkpoint": "unet_name"}
+
+
+def cache_dir() -> str:
+    return os.path.join(folder_paths.models_dir, "ferry-cache")
+
+
+def _node_error(e: ConfigError) -> NodeInputError:
+    msg = str(e).removeprefix(f"{e.setting}: ")
+    return NodeInputError(_WIDGET.get(e.setting, e.setting), msg)
+
+
+def check_preset(preset: str, device: torch.device) -> None:
+    try:
+        resolve_preset(preset, device)
+    except ConfigError as e:
+        raise _node_error(e) from None
+
+
+def _meta_state_dict(path: str) -> dict[str, torch.Tensor]:
+    header = read_checkpoint_header(path)
+    return {
+        k: torch.empty(e.shape, dtype=e.dtype, device="meta") for k, e in header.entries.items()
+    }
+
+
+def _streamed(
+    path: str, preset: str, cache: bool, device: torch.device, progress: Progress
+) -> Any | None:
+    """The streaming path, or None where this file needs ComfyUI's own loader."""
+    sd = _meta_state_dict(path)
+    config = comfy.model_detection.model_config_from_unet(sd, "")
+    if config is None:
+        return None
+    load_device = mm.get_torch_device()
+    params = comfy.utils.calculate_parameters(sd)
+    unet_dtype = mm.unet_dtype(
+        model_params=params,
+        supported_dtypes=list(config.supported_inference_dtypes),
+        weight_dtype=comfy.utils.weight_dtype(sd),
+    )
+    config.set_inference_dtype(
+        unet_dtype, mm.unet_manual_cast(unet_dtype, load_device, config.supported_inference_dtypes)
+    )
+    try:
+        base = config.get_model(sd, "", device=torch.device("meta"))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+        # A network that computes tensors while it is built cannot be built on meta.
+        log.info("ferry: cannot build %s on the meta device (%s); using ComfyUI's loader", path, e)
+        return None
+    try:
+        resolve_preset(preset, device)
+        quantize_device = None
+    except ConfigError:
+        # A GPU-only preset: quantize each layer on the GPU; the model still waits in RAM.
+        quantize_device = load_device
+    try:
+        _, report = load_quantized(
+            path,
+            base.diffusion_model,
+            preset,
+            cache_dir=cache_dir() if cache else None,
+            device=device,
+            quantize_device=quantize_device,
+            progress=progress,
+        )
+    except ConfigError as e:
+        if e.setting in ("checkpoint", "build"):
+            log.info("ferry: %s; using ComfyUI's loader, then quantizing", e)
+            return None
+        raise
+    log.info("ferry: %s", report.summary())
+    return comfy.model_patcher.ModelPatcher(base, load_device=load_device, offload_device=device)
+
+
+def load_quantized_diffusion_model(path: str, preset: str, cache: bool, progress: Progress) -> Any:
+    """A MODEL (ModelPatcher) for ``path`` with ``preset`` applied to its Linear layers."""
+    offload = mm.unet_offload_device()
+    check_preset(preset, mm.get_torch_device())
+    if preset == "none":
+        return comfy.sd.load_diffusion_model(path)
+    try:
+        patcher = _streamed(path, preset, cache, offload, progress)
+        if patcher is None:
+            patcher = comfy.sd.load_diffusion_model(path)
+            report = quantize_model(patcher.model.diffusion_model, preset, device=offload)
+            log.info("ferry: %s", report.summary())
+    except ConfigError as e:
+        raise _node_error(e) from None
+    return patcher

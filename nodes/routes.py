@@ -1,0 +1,83 @@
+"""The /ferry/ HTTP routes (also served under /api/ferry/ by ComfyUI): a thin aiohttp adapter
+over api.py. Registered from the extension's on_load, never at import."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from . import api
+from .binding import release_from_panel
+from .pusher import ensure_pushing
+
+log = logging.getLogger("ferry")
+_registered = {"done": False}
+
+
+def _reply(result: api.Reply) -> web.Response:
+    status, body = result
+    return web.json_response(body, status=status)
+
+
+async def _json_body(request: web.Request) -> tuple[Any, web.Response | None]:
+    if not request.can_read_body:
+        return None, None
+    try:
+        return await request.json(), None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, web.json_response(
+            {"error": "the body is not valid JSON", "setting": "body"}, status=400
+        )
+
+
+def _is_busy() -> bool:
+    import server
+
+    return server.PromptServer.instance.prompt_queue.get_tasks_remaining() > 0
+
+
+def register(routes: web.RouteTableDef) -> None:
+    if _registered["done"]:
+        return
+    _registered["done"] = True
+
+    @routes.get("/ferry/stats")
+    async def stats(request: web.Request) -> web.Response:
+        ensure_pushing()  # a page asking for stats wants them live
+        return _reply(api.get_stats())
+
+    @routes.get("/ferry/settings")
+    async def get_settings(request: web.Request) -> web.Response:
+        return _reply(api.get_settings())
+
+    @routes.post("/ferry/settings")
+    async def post_settings(request: web.Request) -> web.Response:
+        body, err = await _json_body(request)
+        return err or _reply(api.put_settings(body))
+
+    @routes.post("/ferry/panel")
+    async def panel(request: web.Request) -> web.Response:
+        body, err = await _json_body(request)
+        if err is not None:
+            return err
+        try:
+            launch = functools.partial(api.panel_launcher(), reapply_hook=release_from_panel)
+        except ImportError as e:
+            return web.json_response({"error": str(e), "setting": "gradio"}, status=503)
+        # Building the Gradio app takes seconds: off the event loop, so ComfyUI stays live.
+        loop = asyncio.get_running_loop()
+        try:
+            result = await loop.run_in_executor(None, api.start_panel, body, launch, _is_busy)
+        except Exception as e:
+            # A bug while building the panel must reach the button as a readable message,
+            # not as aiohttp's bare 500 page; the traceback goes to ComfyUI's log.
+            log.exception("ferry: the panel failed to start")
+            return web.json_response(
+                {"error": f"the panel failed to start: {type(e).__name__}: {e}"}, status=500
+            )
+        return _reply(result)

@@ -1,0 +1,96 @@
+"""The one JSON shape the sidebar reads, pushed as ``ferry.stats`` and served at /ferry/stats.
+
+Pure (no ComfyUI import): built from the monitor's sample and the live offloads' stats.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..offload_core.monitor import OffloadSample, Sample
+
+EVENT = "ferry.stats"
+
+# OffloadStats fields the sidebar shows; the rest stays server-side (notes can be long).
+_OFFLOAD_FIELDS = (
+    "device", "level", "tier", "groups", "resident_groups", "prefetch_depth", "forwards",
+    "group_loads", "bytes_per_tier", "bytes_h2d", "bytes_disk", "h2d_gbps", "disk_gbps",
+    "transfer_s", "stall_s", "overlap", "peak_vram", "disk_folder",
+)  # fmt: skip
+
+
+def fresh_sample(device: str | None) -> Sample:
+    """RAM and VRAM read now, shaped like the monitor's samples."""
+    from ..offload_core.memory import device_memory, process_memory, system_available_ram
+
+    dev = device_memory(device) if device else None
+    mem = process_memory()
+    return Sample(
+        t=time.time(),
+        vram_allocated=dev.allocated if dev else None,
+        vram_reserved=dev.reserved if dev else None,
+        vram_device_used=dev.device_used if dev else None,
+        vram_total=dev.device_total if dev else None,
+        rss_anon=mem.rss_anon,
+        rss_file=mem.rss_file,
+        rss_shmem=mem.rss_shmem,
+        system_available=system_available_ram(),
+    )
+
+
+def current_offloads() -> list[OffloadSample]:
+    """Every live offload's stats read now (the monitor's copy is up to a tick old)."""
+    from ..offload_core import live_offloads
+
+    out = []
+    for i, h in enumerate(live_offloads()):
+        try:
+            stats = h.stats().as_dict()
+        except Exception as e:  # one broken handle must not break the whole reply
+            stats = {"error": f"{type(e).__name__}: {e}"}
+        out.append(OffloadSample(str(getattr(h, "name", None) or f"model {i}"), stats))
+    return out
+
+
+def offload_entry(o: OffloadSample) -> dict[str, Any]:
+    s = o.stats
+    if "error" in s:
+        return {"name": o.name, "error": s["error"]}
+    out = {k: s.get(k) for k in _OFFLOAD_FIELDS}
+    out["name"] = o.name
+    out["tiers"] = {k: v for k, v in (s.get("bytes_per_tier") or {}).items() if v}
+    # "Bytes moved": what reached the compute device. From disk onto a CPU nothing is
+    # copied host-to-device (the read lands in the slot), so the disk bytes count there.
+    out["bytes_moved"] = max(int(s.get("bytes_h2d") or 0), int(s.get("bytes_disk") or 0))
+    return out
+
+
+def stats_payload(
+    sample: Sample | None, offloads: list[OffloadSample], device: str | None
+) -> dict[str, Any]:
+    vram = None
+    ram = None
+    t = time.time()
+    if sample is not None:
+        t = sample.t
+        if sample.vram_allocated is not None:
+            vram = {
+                "allocated": sample.vram_allocated,
+                "reserved": sample.vram_reserved,
+                "device_used": sample.vram_device_used,
+                "total": sample.vram_total,
+            }
+        ram = {
+            "rss_anon": sample.rss_anon,
+            "rss_file": sample.rss_file,
+            "rss_shmem": sample.rss_shmem,
+            "system_available": sample.system_available,
+        }
+    return {
+        "t": t,
+        "device": device,
+        "vram": vram,
+        "ram": ram,
+        "offloads": [offload_entry(o) for o in offloads],
+    }

@@ -1,0 +1,200 @@
+"""The safetensors file format, read and written one tensor at a time.
+
+Why not the safetensors package: ``load_file`` gives the whole file at once, and ``save_file``
+serialises every tensor into one in-memory buffer first, so both hold a full copy of the model
+in RAM. The loader's memory bound needs one layer at a time: tensors are read with
+``readinto`` straight into their destination (or a reused staging buffer), and written from
+their own memory. The files stay ordinary safetensors files that the package reads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import os
+import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import torch
+
+from ..errors import ConfigError
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+MAX_HEADER = 100 << 20  # the safetensors package's own limit
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor in a file: where its bytes are (absolute file offsets)."""
+
+    key: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Header:
+    path: str
+    entries: dict[str, Entry]
+    metadata: dict[str, str]
+    raw: bytes  # the header bytes as stored (hashed into the cache key)
+    file_size: int
+
+
+class HeaderError(ValueError):
+    """The file is not a well-formed safetensors file."""
+
+
+def read_header(path: str | os.PathLike[str]) -> Header:
+    """Parses and checks a safetensors header; HeaderError says what is wrong."""
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise HeaderError(f"{path} is {size} bytes, too short for a safetensors file")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER or 8 + n > size:
+            raise HeaderError(f"{path} declares a {n}-byte header in a {size}-byte file")
+        raw = f.read(n)
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HeaderError(f"{path} has an unreadable header ({e})") from None
+    if not isinstance(doc, dict):
+        raise HeaderError(f"{path}: the header is not a JSON object")
+    metadata = doc.pop("__metadata__", None) or {}
+    base = 8 + n
+    entries: dict[str, Entry] = {}
+    for key, info in doc.items():
+        try:
+            dtype = DTYPES[info["dtype"]]
+            shape = tuple(int(s) for s in info["shape"])
+            lo, hi = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise HeaderError(
+                f"{path}: tensor {key!r} has a malformed or unsupported entry {info!r}"
+            ) from None
+        numel = 1
+        for s in shape:
+            numel *= s
+        if hi - lo != numel * dtype.itemsize or lo < 0 or base + hi > size:
+            raise HeaderError(f"{path}: tensor {key!r} has offsets {lo}..{hi} that do not fit")
+        entries[key] = Entry(key, dtype, shape, base + lo, base + hi)
+    return Header(path, entries, dict(metadata), head + raw, size)
+
+
+def read_checkpoint_header(path: str | os.PathLike[str]) -> Header:
+    """read_header for a user's checkpoint: problems are ConfigErrors naming the setting."""
+    if not os.path.isfile(path):
+        raise ConfigError(
+            "checkpoint",
+            f"{os.fspath(path)!r} is not a file; set checkpoint to a .safetensors file",
+        )
+    try:
+        return read_header(path)
+    except (HeaderError, OSError) as e:
+        raise ConfigError("checkpoint", f"cannot read it as safetensors: {e}") from None
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """A writable view of a contiguous CPU tensor's bytes (no numpy, works for every dtype)."""
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError("byte_view needs a contiguous CPU tensor")
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return memoryview(b"")
+    buf = (ctypes.c_char * n).from_address(t.data_ptr())
+    buf._owner = t  # type: ignore[attr-defined]  # the view keeps the tensor's memory alive
+    return memoryview(buf).cast("B")
+
+
+def read_into(f: io.FileIO, entry: Entry, out: torch.Tensor) -> None:
+    """Reads an entry's bytes into ``out`` (contiguous CPU, at least entry.nbytes long).
+
+    ``f`` is unbuffered (``open(path, "rb", buffering=0)``): the kernel copies straight into
+    the tensor's memory, with no intermediate buffer."""
+    view = byte_view(out)[: entry.nbytes]
+    f.seek(entry.start)
+    got = 0
+    while got < entry.nbytes:
+        n = f.readinto(view[got:])
+        if not n:
+            raise HeaderError(f"{f.name}: ended inside tensor {entry.key!r}")
+        got += n
+
+
+def read_new(f: io.FileIO, entry: Entry) -> torch.Tensor:
+    """Reads an entry into a new tensor of its own (allocator-aligned, as a loaded weight is)."""
+    out = torch.empty(entry.nbytes, dtype=torch.uint8)
+    read_into(f, entry, out)
+    return out.view(entry.dtype).view(entry.shape)
+
+
+def write_file(
+    f: BinaryIO,
+    specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]],
+    metadata: dict[str, str],
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    write: Callable[[BinaryIO, memoryview], Any] | None = None,
+) -> int:
+    """Writes a safetensors file: header from ``specs``, then ``tensors`` in the same order.
+
+    ``tensors`` may be a generator, so only one tensor (layer) need exist at a time.
+    Returns the bytes written.
+    """
+    header: dict[str, Any] = {"__metadata__": metadata}
+    order = []
+    offset = 0
+    for key, dtype, shape in specs:
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * dtype.itemsize
+        header[key] = {
+            "dtype": NAMES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        order.append((key, nbytes))
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the format pads the header to 8 bytes
+    put = write or _write_all
+    put(f, memoryview(struct.pack("<Q", len(raw)) + raw))
+    done = 8 + len(raw)
+    expected = iter(order)
+    for key, t in tensors:
+        want_key, nbytes = next(expected)
+        if key != want_key or t.numel() * t.element_size() != nbytes:
+            raise ValueError(f"tensor {key!r} does not match the header's {want_key!r}")
+        put(f, byte_view(t.detach().cpu().contiguous()))
+        done += nbytes
+    return done
+
+
+def _write_all(f: BinaryIO, view: memoryview) -> None:
+    f.write(view)

@@ -1,0 +1,147 @@
+"""The cold load: read, quantize and place one layer at a time from a safetensors checkpoint.
+
+Memory: a weight that will be quantized is read into one reused staging buffer (sized for the
+largest such weight); torchao writes its quantized copy into new tensors and the staging
+buffer is overwritten by the next layer. Every tensor kept as it is gets its own allocation
+(allocator-aligned: a weight used in place at a file offset computes different low bits,
+facts.md). So RAM holds the quantized model so far plus about one full-precision layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .model_tensors import module_slots, place, state_names
+from .presets import Preset
+from .quantize import move_direct, quantize_linear
+from .report import LayerReport
+from .safetensors_file import Entry, Header, read_into, read_new
+from .selection import DECLINED, LayerChoice, is_quantized, module_bytes
+from .trim import release_free_memory
+
+Progress = Callable[[int, int], object]
+
+
+def check_checkpoint_matches(model: nn.Module, header: Header) -> None:
+    """Every persistent tensor of the model is in the checkpoint with the same shape."""
+    missing: list[str] = []
+    wrong: list[str] = []
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    for tid, keys in state_names(model).items():
+        key = next((k for k in keys if k in header.entries), None)
+        if key is None:
+            missing.append(keys[0])
+        elif header.entries[key].shape != tuple(tensors[tid].shape):
+            wrong.append(
+                f"{key} {list(header.entries[key].shape)} != model {list(tensors[tid].shape)}"
+            )
+    if missing or wrong:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} tensors missing (first: {', '.join(missing[:3])})")
+        if wrong:
+            parts.append(f"{len(wrong)} shapes differ (first: {'; '.join(wrong[:3])})")
+        raise ConfigError(
+            "checkpoint",
+            f"{header.path} does not match the model: {', '.join(parts)}; "
+            "pick the checkpoint this model was saved as, or the build that makes its model",
+        )
+
+
+def _entry(header: Header, names: dict[int, list[str]], meta: torch.Tensor) -> Entry:
+    """The checkpoint entry of a meta tensor, under whichever of its (tied) names is stored."""
+    return header.entries[next(k for k in names[id(meta)] if k in header.entries)]
+
+
+def _weight(c: LayerChoice) -> torch.Tensor:
+    assert isinstance(c.module, nn.Linear)
+    return c.module.weight
+
+
+def _aliases(t: torch.Tensor, buffer: torch.Tensor) -> bool:
+    inner = [getattr(t, n) for n in t.__tensor_flatten__()[0]] if is_quantized(t) else [t]  # type: ignore[attr-defined]
+    ptr = buffer.untyped_storage().data_ptr()
+    return any(x.device == buffer.device and x.untyped_storage().data_ptr() == ptr for x in inner)
+
+
+def stream_quantize(
+    model: nn.Module,
+    header: Header,
+    choices: list[LayerChoice],
+    preset: Preset,
+    device: torch.device,
+    progress: Progress | None = None,
+    quantize_device: torch.device | None = None,
+) -> list[LayerReport]:
+    """Fills the meta model from the checkpoint, quantizing the chosen Linears on the way.
+
+    A chosen Linear is quantized on ``quantize_device`` (default ``device``) and then moved to
+    ``device``: a GPU-only preset can quantize on the GPU for a model that lives in RAM."""
+    qdev = quantize_device or device
+    config = preset.make_config() if preset.quantizes else None
+    # The checkpoint's bytes (its dtype may be wider than the model's) of every weight to quantize.
+    names = state_names(model)
+    staged = [_entry(header, names, _weight(c)).nbytes for c in choices if c.quantize]
+    staging = torch.empty(max(staged), dtype=torch.uint8) if staged else None
+    placed: dict[int, torch.Tensor] = {}  # meta tensor id -> real tensor, for tied weights
+    keep_alive: list[torch.Tensor] = []  # so a freed meta tensor's id is never reused
+    layers: list[LayerReport] = []
+    with open(header.path, "rb", buffering=0) as f:
+        for i, c in enumerate(choices):
+            before = 0
+            weight_id = None
+            for s in module_slots(c.name, c.module):
+                meta = s.get()
+                if not s.persistent:  # built for real by the factory, not in checkpoints
+                    continue
+                before += meta.numel() * meta.element_size()
+                if s.attr == "weight":
+                    weight_id = id(meta)
+                if id(meta) in placed:  # tied: choose_layers never quantizes a shared weight
+                    s.module._parameters[s.attr] = placed[id(meta)]  # type: ignore[assignment]
+                    continue
+                entry = _entry(header, names, meta)
+                if c.quantize and s.attr == "weight" and staging is not None:
+                    read_into(f, entry, staging)
+                    t = staging[: entry.nbytes].view(entry.dtype).view(entry.shape)
+                else:
+                    t = read_new(f, entry)
+                target = qdev if c.quantize else device
+                place(s, t.to(device=target, dtype=meta.dtype), meta.requires_grad)
+                keep_alive.append(meta)
+                placed[id(meta)] = s.get()
+            quantized, reason = c.quantize, c.reason
+            if quantized:
+                assert isinstance(c.module, nn.Linear) and weight_id is not None
+                quantize_linear(c.module, config)
+                if not is_quantized(c.module.weight):
+                    quantized, reason = False, DECLINED
+                    if staging is not None and _aliases(c.module.weight, staging):
+                        # Still a view of the staging buffer, which the next layer overwrites.
+                        weight_slot = next(
+                            s for s in module_slots(c.name, c.module) if s.attr == "weight"
+                        )
+                        place(weight_slot, c.module.weight.clone())
+                if qdev != device:
+                    move_direct(c.module, device)
+                placed[weight_id] = c.module.weight
+                release_free_memory()
+            layers.append(
+                LayerReport(
+                    c.name,
+                    type(c.module).__name__,
+                    quantized,
+                    reason,
+                    before,
+                    module_bytes(c.module),
+                )
+            )
+            if progress is not None:
+                progress(i + 1, len(choices))
+    del staging
+    release_free_memory()
+    return layers

@@ -1,0 +1,127 @@
+"""The opt-in real-ComfyUI suite: skipped unless FERRY_COMFYUI points at a ComfyUI checkout.
+
+    FERRY_COMFYUI=/path/to/ComfyUI [FERRY_COMFYUI_PYTHON=/path/to/python] pytest tests/comfyui
+
+Starts that ComfyUI headless on the CPU (its own venv's python by default: <checkout>/venv)
+with a fresh base directory: custom_nodes/ComfyUI-Ferry is a symlink to this repository (a
+hyphenated folder, as ComfyUI-Manager names it), plus a test-only node pack; the models are a
+tiny SD3 (MMDiT) and a LoRA with random weights, written here by ComfyUI's own MMDiT class.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+COMFY = os.environ.get("FERRY_COMFYUI")
+
+sys.path.insert(0, str(HERE))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(
+        reason="set FERRY_COMFYUI to a ComfyUI checkout to run the real-ComfyUI suite"
+    )
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(HERE):
+            item.add_marker(pytest.mark.comfyui)
+            if not COMFY:
+                item.add_marker(skip)
+
+
+@dataclass
+class Server:
+    url: str
+    base: Path
+    log: Path
+    proc: subprocess.Popen
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+def _python(comfy: Path) -> str:
+    explicit = os.environ.get("FERRY_COMFYUI_PYTHON")
+    if explicit:
+        return explicit
+    venv = comfy / "venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    assert COMFY, "FERRY_COMFYUI is not set"
+    comfy = Path(COMFY).resolve()
+    assert (comfy / "main.py").is_file(), f"{comfy} is not a ComfyUI checkout (no main.py)"
+    py = _python(comfy)
+    base = tmp_path_factory.mktemp("comfy-base")
+    custom = base / "custom_nodes"
+    custom.mkdir()
+    (custom / "ComfyUI-Ferry").symlink_to(REPO, target_is_directory=True)
+    shutil.copy(HERE / "ferry_test_nodes.py", custom / "ferry_test_nodes.py")
+    subprocess.run(
+        [py, str(HERE / "make_tiny_models.py"), str(comfy), str(base / "models")],
+        check=True,
+        cwd=base,
+        timeout=300,
+    )
+    port = _free_port()
+    env = {
+        **os.environ,
+        "FERRY_SETTINGS": str(base / "ferry-settings.json"),
+        "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
+    }
+    log = base / "comfyui.log"
+    cmd = [
+        py,
+        "main.py",
+        "--cpu",
+        "--listen",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--base-directory",
+        str(base),
+    ]
+    cmd += ["--database-url", f"sqlite:///{base / 'comfy.db'}"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=comfy, stdout=out, stderr=subprocess.STDOUT, env=env)
+    srv = Server(f"http://127.0.0.1:{port}", base, log, proc)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"ComfyUI exited with {proc.returncode}:\n{srv.log_tail()}")
+            try:
+                with urllib.request.urlopen(srv.url + "/ferry/stats", timeout=5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"ComfyUI did not answer in 180 s:\n{srv.log_tail()}")
+                time.sleep(0.5)
+        yield srv
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

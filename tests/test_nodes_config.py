@@ -1,0 +1,176 @@
+"""The offload node's widgets -> policy: every bad value fails naming the widget to change."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PACK_NAME, load_pack
+
+load_pack()
+config = importlib.import_module(f"{PACK_NAME}.nodes.config")
+oc = importlib.import_module(f"{PACK_NAME}.offload_core")
+
+GOOD = dict(
+    level="block", blocks_per_group=2, tier="ram", disk_path="", prefetch_depth=2, vram_budget=""
+)
+
+
+def widget_error(**over: object) -> str:
+    with pytest.raises(config.NodeInputError) as info:
+        config.policy_from_inputs(**{**GOOD, **over})
+    return info.value.input_name
+
+
+def test_good_widgets_make_the_policy() -> None:
+    p = config.policy_from_inputs(**GOOD)
+    assert p.to_dict()["blocks_per_group"] == 2
+    assert p.tier_name == "ram" and p.prefetch_depth == 2 and p.vram_budget is None
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("auto", "auto"),
+        (" AUTO ", "auto"),
+        ("", None),
+        ("none", None),
+        ("0", None),
+        ("6", 6.0),
+        ("7.5 GB", 7.5),
+    ],
+)
+def test_vram_budget_forms(text: str, want: object) -> None:
+    assert config.parse_vram_budget(text) == want
+
+
+@pytest.mark.parametrize(
+    ("over", "widget"),
+    [
+        ({"blocks_per_group": 0}, "blocks_per_group"),
+        ({"prefetch_depth": 9}, "prefetch_depth"),
+        ({"level": "layer"}, "level"),
+        ({"tier": "nvme"}, "tier"),
+        ({"tier": "disk", "disk_path": "  "}, "disk_path"),
+        ({"vram_budget": "lots"}, "vram_budget"),
+        ({"vram_budget": "-2"}, "vram_budget"),
+        ({"vram_budget": "nan"}, "vram_budget"),
+    ],
+)
+def test_each_bad_widget_is_named(over: dict, widget: str) -> None:
+    assert widget_error(**over) == widget
+
+
+def test_disk_tier_uses_the_default_folder_when_empty(tmp_path: Path) -> None:
+    p = config.policy_from_inputs(**{**GOOD, "tier": "disk"}, default_disk_path=str(tmp_path))
+    assert p.tier.path == str(tmp_path)
+
+
+def test_engine_setting_names_map_to_widgets() -> None:
+    err = oc.ConfigError("vram_budget_gb", "must be > 0 GB")
+    e = config.as_node_error(err)
+    assert e.input_name == "vram_budget" and str(e) == "vram_budget: must be > 0 GB"
+    e = config.as_node_error(oc.GroupingError("blocks_per_group", "is 9 but ... has 3 blocks"))
+    assert e.input_name == "blocks_per_group"
+
+
+def test_panel_settings_errors_name_the_switch() -> None:
+    def broken() -> object:
+        raise oc.ConfigError("tier", "must be 'pinned', 'ram' or 'disk', got 'x'")
+
+    with pytest.raises(config.NodeInputError) as info:
+        config.policy_from_panel(broken)
+    assert info.value.input_name == "use_panel_settings"
+    assert "'tier'" in str(info.value) and "panel" in str(info.value)
+
+
+def test_panel_settings_are_used_when_valid() -> None:
+    class Saved:
+        policy = oc.OffloadPolicy(tier=oc.RamTier(), prefetch_depth=3)
+
+    assert config.policy_from_panel(lambda: Saved()).prefetch_depth == 3
+
+
+def test_disk_folder_checks(tmp_path: Path) -> None:
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    for bad in ("", "relative/path", str(a_file), str(a_file / "below")):
+        with pytest.raises(config.NodeInputError) as info:
+            config.check_disk_folder(bad)
+        assert info.value.input_name == "disk_path"
+    # A folder that does not exist yet is fine (Ferry creates it), and nothing is created now.
+    new = tmp_path / "a" / "b"
+    assert config.check_disk_folder(str(new)) == new
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(config.NodeInputError, match="free"):
+        config.check_disk_folder(str(tmp_path), need_bytes=1 << 60)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_read_only_folder_is_refused(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.raises(config.NodeInputError, match="not writable"):
+            config.check_disk_folder(str(ro / "x"))
+    finally:
+        ro.chmod(0o700)
+
+
+def test_source_checkpoint_only_for_the_disk_tier(tmp_path: Path) -> None:
+    ram = config.FerryConfig(config.policy_from_inputs(**GOOD))
+    assert ram.with_source_checkpoint("/m.safetensors") == ram
+    disk = config.FerryConfig(
+        config.policy_from_inputs(**{**GOOD, "tier": "disk", "disk_path": str(tmp_path)})
+    )
+    assert (
+        disk.with_source_checkpoint("/m.safetensors").policy.tier.source_checkpoint
+        == "/m.safetensors"
+    )
+    assert disk.with_source_checkpoint(None) == disk
+
+
+dynamic = importlib.import_module(f"{PACK_NAME}.nodes.dynamic")
+
+
+class PlainPatcher:
+    def clone(self) -> PlainPatcher:
+        return PlainPatcher()
+
+
+class DynamicPatcher:
+    """ComfyUI >= 0.15's ModelPatcherDynamic, as far as Ferry can tell."""
+
+    def __init__(self, delegate: object) -> None:
+        self.delegate = delegate
+
+    def is_dynamic(self) -> bool:
+        return True
+
+    def clone(self, disable_dynamic: bool = False) -> object:
+        if isinstance(self.delegate, Exception):
+            raise self.delegate
+        return self.delegate if disable_dynamic else self
+
+
+def test_a_plain_patcher_is_used_as_it_is() -> None:
+    p = PlainPatcher()
+    assert dynamic.plain_patcher(p) is p
+
+
+def test_dynamic_vram_gets_a_plain_delegate_or_says_what_to_switch() -> None:
+    plain = PlainPatcher()
+    assert dynamic.plain_patcher(DynamicPatcher(plain)) is plain
+    for failure in (
+        RuntimeError("Cannot create non-dynamic delegate"),
+        TypeError("unexpected keyword"),
+    ):
+        with pytest.raises(config.NodeInputError) as info:
+            dynamic.plain_patcher(DynamicPatcher(failure))
+        assert info.value.input_name == "model" and "--disable-dynamic-vram" in str(info.value)
+    with pytest.raises(config.NodeInputError, match="--disable-dynamic-vram"):
+        dynamic.plain_patcher(DynamicPatcher(DynamicPatcher(None)))
