@@ -7,8 +7,14 @@ reported as RssAnon / RssFile / RssShmem from /proc/self/status.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import gc
 import os
+import sys
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -148,20 +154,37 @@ class PeakRssSampler:
         self.stop()
 
 
-def release_freed_memory() -> None:
-    """Hands memory freed by the C allocator back to the OS.
-
-    glibc keeps freed large blocks in its heap once its dynamic mmap threshold has grown, so
-    weights released group by group would still count in RssAnon. malloc_trim returns them.
-    """
-    import ctypes
-    import gc
-
-    gc.collect()
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    name = ctypes.util.find_library("c")
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: nothing to do
+        libc = ctypes.CDLL(name or "libc.so.6")
+        fn = libc.malloc_trim
+    except (OSError, AttributeError):  # musl and others have no malloc_trim
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+def trim_heap() -> None:
+    """Hands whole free pages of the C heap back to the OS.
+
+    glibc keeps freed blocks below its mmap threshold (which rises to 32 MB as large blocks are
+    freed) in the heap: weights released group by group, or layer by layer while quantizing,
+    would still count in RssAnon. ``malloc_trim(0)`` changes no allocator setting.
+    """
+    fn = _malloc_trim()
+    if fn is not None:
+        fn(0)
+
+
+def release_freed_memory() -> None:
+    """Collects garbage (tensors kept alive by reference cycles), then trims the heap."""
+    gc.collect()
+    trim_heap()
 
 
 def fmt_bytes(n: float | None) -> str:
