@@ -141,11 +141,16 @@ class Engine:
 
     # -- hooks ----------------------------------------------------------------------------
     def install(self) -> None:
+        # Under torch.compile the hooks run eagerly (a graph break per group): they swap
+        # tensors and wait on events, which a graph must not capture.
+        eager = torch.compiler.disable
         for g in self.groups:
             for _, m in g.spec.modules:
-                self._hooks.append(m.register_forward_pre_hook(self._make_pre_hook(g)))
-        self._hooks.append(self.root.register_forward_pre_hook(self._root_pre))
-        self._hooks.append(self.root.register_forward_hook(self._root_post, always_call=True))
+                self._hooks.append(m.register_forward_pre_hook(eager(self._make_pre_hook(g))))
+        self._hooks.append(self.root.register_forward_pre_hook(eager(self._root_pre)))
+        self._hooks.append(
+            self.root.register_forward_hook(eager(self._root_post), always_call=True)
+        )
 
     def _make_pre_hook(self, g: GroupRuntime) -> Callable[..., None]:
         def pre_hook(module: nn.Module, args: Any) -> None:

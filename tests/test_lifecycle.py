@@ -234,3 +234,27 @@ def test_import_is_free_of_side_effects():
     )
     assert out.returncode == 0, out.stderr
     assert "clean" in out.stdout
+
+
+def test_torch_compile_runs_hooks_eagerly_without_recompiling():
+    """Hooks are excluded from graphs (one graph break per group). With the eager backend the
+    arithmetic is unchanged, so the output is exact; a later forward compiles nothing new."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    x, ref = reference("fp32")
+    model = make_model("fp32")
+    handle = apply_offload(model, OffloadPolicy(tier=RamTier()), onload_device="cpu")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager")
+    try:
+        with torch.no_grad():
+            outs = [compiled(**x) for _ in range(2)]
+            frames = counters["stats"]["unique_graphs"]
+            outs.append(compiled(**x))
+            assert counters["stats"]["unique_graphs"] == frames, "the third forward recompiled"
+    finally:
+        torch._dynamo.reset()
+        handle.remove()
+    assert all(torch.equal(o, ref) for o in outs)
+    assert handle.stats().group_loads >= 3 * handle.stats().groups
