@@ -22,21 +22,9 @@ _OFFLOAD_FIELDS = (
 
 def fresh_sample(device: str | None) -> Sample:
     """RAM and VRAM read now, shaped like the monitor's samples."""
-    from ..offload_core.memory import device_memory, process_memory, system_available_ram
+    from ..offload_core.monitor import read_sample
 
-    dev = device_memory(device) if device else None
-    mem = process_memory()
-    return Sample(
-        t=time.time(),
-        vram_allocated=dev.allocated if dev else None,
-        vram_reserved=dev.reserved if dev else None,
-        vram_device_used=dev.device_used if dev else None,
-        vram_total=dev.device_total if dev else None,
-        rss_anon=mem.rss_anon,
-        rss_file=mem.rss_file,
-        rss_shmem=mem.rss_shmem,
-        system_available=system_available_ram(),
-    )
+    return read_sample(device)
 
 
 def current_offloads() -> list[OffloadSample]:

@@ -102,6 +102,23 @@ def _read_offloads() -> list[OffloadSample]:
 Listener = Callable[[Sample, list[OffloadSample]], None]
 
 
+def read_sample(device: str | None) -> Sample:
+    """RAM and VRAM read now (one /proc read, one driver query)."""
+    dev = device_memory(device) if device else None
+    mem = process_memory()
+    return Sample(
+        t=time.time(),
+        vram_allocated=dev.allocated if dev else None,
+        vram_reserved=dev.reserved if dev else None,
+        vram_device_used=dev.device_used if dev else None,
+        vram_total=dev.device_total if dev else None,
+        rss_anon=mem.rss_anon,
+        rss_file=mem.rss_file,
+        rss_shmem=mem.rss_shmem,
+        system_available=system_available_ram(),
+    )
+
+
 class Monitor:
     """Samples every ``interval_s`` into a ring of ``history_s / interval_s`` samples."""
 
@@ -137,19 +154,7 @@ class Monitor:
 
     def sample_now(self) -> Sample:
         """Takes one sample, stores it, tells the listeners (the thread calls this)."""
-        dev = device_memory(self.device) if self.device else None
-        mem = process_memory()
-        sample = Sample(
-            t=time.time(),
-            vram_allocated=dev.allocated if dev else None,
-            vram_reserved=dev.reserved if dev else None,
-            vram_device_used=dev.device_used if dev else None,
-            vram_total=dev.device_total if dev else None,
-            rss_anon=mem.rss_anon,
-            rss_file=mem.rss_file,
-            rss_shmem=mem.rss_shmem,
-            system_available=system_available_ram(),
-        )
+        sample = read_sample(self.device)
         offloads = self._read_offloads()
         with self._lock:
             self._ring.append(sample)

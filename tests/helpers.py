@@ -3,8 +3,13 @@ quantized by real torchao configs."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -67,3 +72,19 @@ def state_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
         elif not torch.equal(x, y):
             return False
     return True
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str, readonly: bool = False) -> Iterator[Path]:
+    """A real small filesystem: real ENOSPC, real read-only mount (needs root, as CI has)."""
+    path.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size}" + (",ro" if readonly else "")
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

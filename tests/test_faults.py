@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -24,25 +23,9 @@ from offload_core import (
     diskstore,
     plan_offload,
 )
-from tests.helpers import make_model, reference, snapshot, state_equal
+from tests.helpers import make_model, reference, snapshot, state_equal, tmpfs
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str, readonly: bool = False):
-    """A real small filesystem: real ENOSPC, real read-only mount (needs root, as CI has)."""
-    path.mkdir(parents=True, exist_ok=True)
-    opts = f"size={size}" + (",ro" if readonly else "")
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 @pytest.mark.parametrize("n", [0, -1, 1.5, True, 10_000])

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from offload_core.demo_model import DemoDiT, demo_inputs
 from offload_core.errors import ConfigError
 from offload_core.quant import cache as cache_mod
 from offload_core.quant import load_quantized, quantize_model
+from tests.helpers import tmpfs
 
 CPU_QUANT = ["int8-weight", "int8-dynamic", "float8-weight"]
 SHAPE = (128, 2, 2, 4)  # dim, heads, double blocks, single blocks: ~9 MB in fp32
@@ -247,28 +246,13 @@ def test_disk_full_mid_write_leaves_no_file_and_still_loads(
     assert again.cache == "miss" and len(os.listdir(cache)) == 1
 
 
-@contextlib.contextmanager
-def _tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """A real small filesystem, for a real ENOSPC (needs root, as CI has)."""
-    path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 def test_real_full_disk_mid_write(
     checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The free-space check is told there is room; the 1 MiB filesystem then really fills up.
     real = cache_mod.shutil.disk_usage
     monkeypatch.setattr(cache_mod.shutil, "disk_usage", lambda p: real(p)._replace(free=1 << 40))
-    with _tmpfs(tmp_path / "tiny", "1m") as tiny:
+    with tmpfs(tmp_path / "tiny", "1m") as tiny:
         model, report = load_quantized(checkpoint, _build(), "int8-weight", cache_dir=tiny)
         left = os.listdir(tiny)
     assert report.cache == f"miss; write failed: {os.strerror(errno.ENOSPC)}"
@@ -277,7 +261,7 @@ def test_real_full_disk_mid_write(
 
 
 def test_too_little_space_is_not_even_tried(checkpoint: Path, tmp_path: Path) -> None:
-    with _tmpfs(tmp_path / "small", "1m") as small:
+    with tmpfs(tmp_path / "small", "1m") as small:
         model, report = load_quantized(checkpoint, _build(), "int8-weight", cache_dir=small)
         left = os.listdir(small)
     assert report.cache.startswith("miss; write skipped: needs ")
