@@ -123,7 +123,10 @@ class StreamBackend:
 
     def copy_stream(self) -> torch.Stream:
         if self._copy_stream is None:
-            self._copy_stream = torch.Stream(device=self.device)
+            if self.device.type == "cuda":
+                self._copy_stream = torch.cuda.Stream(self.device)  # for torch.cuda.stream()
+            else:
+                self._copy_stream = torch.Stream(device=self.device)
         return self._copy_stream
 
     def use_stream(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
