@@ -1,0 +1,233 @@
+"""Every way the benchmark runs one model, each applied to a freshly loaded model in its own
+subprocess: resident, Ferry (each tier and level), diffusers group offloading, accelerate.
+
+Each mode returns a ``Applied`` whose ``files`` are what its forwards read from disk (their
+page cache is dropped before every timed forward) and whose ``stats`` reads Ferry's counters.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+FERRY_LEVELS = ("block", "leaf")
+FERRY_TIERS = ("pinned", "ram", "disk")
+
+
+@dataclass
+class Applied:
+    files: list[Path] = field(default_factory=list)
+    stats: Callable[[], dict[str, Any]] | None = None
+    notes: list[str] = field(default_factory=list)
+    cleanup: Callable[[], None] | None = None
+
+
+def all_modes(device_type: str) -> list[str]:
+    ferry = [f"ferry-{lv}-{t}" for lv in FERRY_LEVELS for t in FERRY_TIERS]
+    ferry.append("ferry-block-disk-ckpt")
+    peers = [
+        "diffusers-block",
+        "diffusers-block-disk",
+        "diffusers-leaf",
+        "diffusers-leaf-disk",
+        "accelerate-cpu",
+        "accelerate-disk",
+    ]
+    return ["resident", *ferry, *peers]
+
+
+def base_mode(mode: str) -> str:
+    """``ferry-block-disk+t1+nocrc`` -> ``ferry-block-disk``. What-if suffixes (Ferry only):
+    ``+p<N>`` prefetch depth N; ``+t<N>`` N read threads (engine default patched);
+    ``+nocrc`` chunk CRC32 not computed (patched); ``+c32c`` a hardware CRC32C computed in
+    its place (cost only; needs the crc32c package); ``+buffered`` DiskTier(direct_io=False)."""
+    return mode.split("+", 1)[0]
+
+
+def is_disk(mode: str) -> bool:
+    m = base_mode(mode)
+    return m.endswith("-disk") or m.endswith("-disk-ckpt")
+
+
+def valid(mode: str, device_type: str) -> bool:
+    if base_mode(mode) not in all_modes(device_type):
+        return False
+    extras = mode.split("+")[1:]
+    return not extras or (
+        mode.startswith("ferry-")
+        and all(
+            e in ("nocrc", "c32c", "buffered") or (e[:1] in "tp" and e[1:].isdigit())
+            for e in extras
+        )
+    )
+
+
+def peer_available(mode: str) -> str | None:
+    """None if the mode can run here, else why not."""
+    import importlib.util
+
+    for pkg in ("diffusers", "accelerate"):
+        if mode.startswith(pkg) and importlib.util.find_spec(pkg) is None:
+            return f"{pkg} is not installed (bash bench/run.sh installs it)"
+    return None
+
+
+def apply_mode(
+    mode: str,
+    model: nn.Module,
+    device: torch.device,
+    workdir: Path,
+    checkpoint: Path,
+    opts: dict[str, Any],
+) -> Applied:
+    if mode == "resident":
+        model.to(device)
+        return Applied()
+    if mode.startswith("ferry-"):
+        return _ferry(mode, model, device, workdir, checkpoint, opts)
+    if mode.startswith("diffusers-"):
+        return _diffusers(mode, model, device, workdir, opts.get("blocks_per_group", 1))
+    if mode.startswith("accelerate-"):
+        return _accelerate(mode, model, device, workdir)
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def _ferry(
+    mode: str,
+    model: nn.Module,
+    device: torch.device,
+    workdir: Path,
+    checkpoint: Path,
+    opts: dict[str, Any],
+) -> Applied:
+    from offload_core import (
+        BlockLevel,
+        DiskTier,
+        LeafLevel,
+        OffloadPolicy,
+        PinnedRamTier,
+        RamTier,
+        apply_offload,
+    )
+
+    parts = base_mode(mode).split("-")
+    extras = mode.split("+")[1:]
+    prefetch = opts.get("prefetch", 1)
+    for e in extras:
+        if e.startswith("p"):
+            prefetch = int(e[1:])
+        elif e.startswith("t"):
+            _what_if_read_threads(int(e[1:]))
+    level = BlockLevel(opts.get("blocks_per_group", 1)) if parts[1] == "block" else LeafLevel()
+    ckpt = base_mode(mode).endswith("-ckpt")
+    tier: Any = {"pinned": PinnedRamTier(), "ram": RamTier()}.get(parts[2])
+    if tier is None:
+        tier = DiskTier(
+            str(workdir / "ferry"),
+            source_checkpoint=str(checkpoint) if ckpt else None,
+            direct_io="buffered" not in extras,
+        )
+    policy = OffloadPolicy(level=level, tier=tier, prefetch_depth=prefetch)
+    handle = apply_offload(model, policy, onload_device=device, name="bench")
+    if "nocrc" in extras or "c32c" in extras:
+        # After apply: the files are written with real checksums.
+        _what_if_no_crc(hardware_crc="c32c" in extras)
+
+    def stats() -> dict[str, Any]:
+        s = handle.stats()
+        return {
+            "bytes_h2d": s.bytes_h2d,
+            "bytes_disk": s.bytes_disk,
+            "disk_s": s.bytes_disk / (s.disk_gbps * 1e9) if s.disk_gbps else 0.0,
+            "h2d_s": s.bytes_h2d / (s.h2d_gbps * 1e9) if s.h2d_gbps else 0.0,
+            "stall_s": s.stall_s,
+            "transfer_s": s.transfer_s,
+            "group_loads": s.group_loads,
+            "on_demand_loads": s.on_demand_loads,
+            "groups": s.groups,
+            "prefetch_depth": s.prefetch_depth,
+        }
+
+    files = []
+    if isinstance(tier, DiskTier):
+        folder = handle.stats().disk_folder
+        files = [Path(folder)] if folder else []
+        if ckpt:
+            files.append(checkpoint)
+    return Applied(files=files, stats=stats, notes=list(handle.plan.notes), cleanup=handle.remove)
+
+
+# -- what-if rows: the engine patched in this (throw-away) process, to measure what an engine
+# change would bring before anyone makes it. Never part of the default table.
+def _what_if_read_threads(n: int) -> None:
+    from offload_core import engine
+
+    engine.Engine.__init__.__defaults__ = (n,)
+
+
+def _what_if_no_crc(hardware_crc: bool = False) -> None:
+    """Every chunk's CRC32 check passes without computing it (the read itself unchanged);
+    with ``hardware_crc`` a CRC32C (SSE4.2, the ``crc32c`` package) of the same bytes is
+    computed instead, to measure its cost (the stored checksums are zlib CRC32s)."""
+    import types
+
+    from offload_core import diskstore
+
+    class _Passes(int):
+        def __ne__(self, other: object) -> bool:
+            return False
+
+    if hardware_crc:
+        import crc32c  # type: ignore[import-not-found]
+
+        def crc(data: Any, *a: Any) -> int:
+            crc32c.crc32c(data)
+            return _Passes(0)
+
+    else:
+
+        def crc(data: Any, *a: Any) -> int:
+            return _Passes(0)
+
+    diskstore.zlib = types.SimpleNamespace(crc32=crc)  # type: ignore[assignment]
+
+
+def _diffusers(
+    mode: str, model: nn.Module, device: torch.device, workdir: Path, blocks_per_group: int
+) -> Applied:
+    from diffusers.hooks import apply_group_offloading
+
+    level = "block_level" if "-block" in mode else "leaf_level"
+    disk = mode.endswith("-disk")
+    folder = workdir / "diffusers"
+    use_stream = device.type == "cuda"
+    apply_group_offloading(
+        model,
+        onload_device=device,
+        offload_device=torch.device("cpu"),
+        offload_type=level,
+        num_blocks_per_group=blocks_per_group if level == "block_level" else None,
+        use_stream=use_stream,
+        record_stream=use_stream,
+        non_blocking=use_stream,
+        offload_to_disk_path=str(folder) if disk else None,
+    )
+    notes = [f"use_stream={use_stream}"]
+    return Applied(files=[folder] if disk else [], notes=notes)
+
+
+def _accelerate(mode: str, model: nn.Module, device: torch.device, workdir: Path) -> Applied:
+    from accelerate import cpu_offload, disk_offload
+
+    if mode == "accelerate-cpu":
+        cpu_offload(model, execution_device=device)
+        return Applied()
+    folder = workdir / "accelerate"
+    disk_offload(model, offload_dir=str(folder), execution_device=device)
+    return Applied(files=[folder], cleanup=lambda: shutil.rmtree(folder, ignore_errors=True))

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU suite in one command, for a lent GPU machine:
+#   bash scripts/gpu_suite.sh              tests, sanitizer run, benchmark (all)
+#   bash scripts/gpu_suite.sh tests        the GPU tests and the TORCH_CUDA_SANITIZER run only
+#   bash scripts/gpu_suite.sh bench [ARGS] the benchmark only (ARGS go to python -m bench.compare)
+# Everything it prints is also written under bench/results/ (and copied to $OUT when set).
+#
+# Python: $FERRY_PY, else .venv-bench/bin/python (made by `bash bench/run.sh --setup-only`),
+# else python3. A machine with no package registry (a lent GPU) uses its own torch; carry the
+# missing packages as wheels in .whl/ (diffusers, torchao; see docs/benchmarks.md) and they
+# are installed from there, offline. Without them the diffusers rows say "not installed".
+#
+# Without CUDA it runs the CPU part (the GPU test files, which skip, and the CPU stream-order
+# test that drives PyTorch's CUDA-Sanitizer engine), says "no GPU", and exits 0.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+part=${1:-all}
+[ $# -gt 0 ] && shift
+case "$part" in all|tests|bench) ;; *) echo "usage: bash scripts/gpu_suite.sh [all|tests|bench] [bench args]" >&2; exit 2 ;; esac
+
+if [ -n "${FERRY_PY:-}" ]; then py=$FERRY_PY
+elif [ -x .venv-bench/bin/python ]; then py=.venv-bench/bin/python
+else py=python3
+fi
+export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  echo "gpu-suite: installing carried wheels from .whl/ into /tmp/ferry-site (offline)"
+  "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/ferry-site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/ferry-site"
+fi
+
+results=bench/results
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+gpu=$("$py" -c 'import torch; print(torch.cuda.get_device_name().replace(" ", "-") if torch.cuda.is_available() else "")' 2>/dev/null)
+status=0
+
+run() {  # run NAME CMD...: tee the output to bench/results/<stamp>-NAME.txt
+  local name=$1; shift
+  local log="$results/$stamp-$name.txt"
+  echo "== $name: $*"
+  "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  echo "== $name: exit $rc (log: $log)"
+  [ -n "${OUT:-}" ] && cp "$log" "$OUT/" 2>/dev/null
+  return "$rc"
+}
+
+if [ -z "$gpu" ]; then
+  echo "== cpu part: $py -m pytest tests/test_gpu.py tests/test_stream_ordering.py"
+  "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_stream_ordering.py || status=$?
+  echo
+  echo "gpu-suite: no GPU (torch.cuda.is_available() is False with $py): ran the CPU part only; the GPU tests, the sanitizer run and the GPU benchmark need a CUDA device."
+  exit "$status"
+fi
+
+mkdir -p "$results"
+echo "gpu-suite: $gpu, python $py"
+"$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+if [ "$part" = all ] || [ "$part" = tests ]; then
+  run gpu-tests "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_quant_gpu.py -k "not sanitizer" || status=1
+  # The CUDA Sanitizer run: the test launches the offloaded model under TORCH_CUDA_SANITIZER=1
+  # and fails on any race the sanitizer reports.
+  run cuda-sanitizer "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py -k sanitizer || status=1
+fi
+if [ "$part" = all ] || [ "$part" = bench ]; then
+  # Default GPU suite (bench/compare.py suite()): Flux at full width 3072, 6 double + 12 single
+  # blocks, bf16 (~3.8 B params, ~7.6 GB), at 4096+512 and 1024+256 tokens. To stay inside a
+  # 10-minute call, run one size per call: bench --model flux --tokens 4096 --txt-tokens 512
+  report="$results/$stamp-bench-$gpu.md"
+  run bench "$py" -m bench.compare --out "$report" "$@" || status=1
+  [ -n "${OUT:-}" ] && cp "$report" "$OUT/" 2>/dev/null
+fi
+echo "gpu-suite: done, exit $status; results in $results/"
+exit "$status"
