@@ -28,7 +28,7 @@ from .diskstore import (
     read_chunk,
 )
 from .engine import Engine, GroupRuntime
-from .errors import FerryError, OffloadRemovedError
+from .errors import FerryError
 from .grouping import GroupSpec
 from .layout import Entry
 from .memory import device_memory, release_freed_memory
@@ -48,7 +48,6 @@ class OffloadHandle:
         model: nn.Module,
         name: str,
         plan: OffloadPlan,
-        backend: Backend,
         layout: _Layout,
         engine: Engine | None,
         counters: Counters,
@@ -58,7 +57,6 @@ class OffloadHandle:
         self.plan = plan
         self.policy = plan.policy
         self.device = plan.device
-        self._backend = backend
         self._layout = layout
         self._engine = engine
         self._counters = counters
@@ -114,10 +112,6 @@ class OffloadHandle:
             self.model.__dict__.pop("_ferry_offload", None)
             registry.unregister(self)
 
-    def check_live(self) -> None:
-        if self.removed:
-            raise OffloadRemovedError(f"the offload {self.name!r} was removed")
-
     def __repr__(self) -> str:
         state = "removed" if self.removed else "live"
         return f"<OffloadHandle {self.name!r} {self.policy.level_name}/{self.policy.tier_name} {state}>"
@@ -169,7 +163,7 @@ def apply_offload(
             disk=isinstance(plan.policy.tier, DiskTier),
         )
         engine.install()
-    handle = OffloadHandle(model, name, plan, backend, layout, engine, counters)
+    handle = OffloadHandle(model, name, plan, layout, engine, counters)
     model.__dict__["_ferry_offload"] = handle
     registry.register(handle)
     return handle

@@ -11,7 +11,6 @@ import ctypes
 import ctypes.util
 import functools
 import gc
-import os
 import sys
 import threading
 from collections.abc import Callable
@@ -195,9 +194,3 @@ def fmt_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return f"{n:.2f} TiB"
-
-
-def cpu_count() -> int:
-    return (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )

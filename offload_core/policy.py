@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import ConfigError
@@ -175,9 +175,6 @@ class OffloadPolicy:
         )
         policy.validate()
         return policy
-
-    def as_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _bytes_from_gb(setting: str, gb: Any) -> int:
