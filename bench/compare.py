@@ -42,6 +42,7 @@ CPU_MODES = [
     "resident",
     "ferry-block-ram",
     "ferry-block-disk",
+    "ferry-block-disk+copy",
     "ferry-leaf-ram",
     "ferry-leaf-disk",
     "ferry-block-disk-ckpt",
@@ -437,8 +438,8 @@ def parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n")[0],
         epilog="modes: "
         + ", ".join(modes.all_modes("cuda"))
-        + ". Ferry what-if suffixes: "
-        + (modes.base_mode.__doc__ or "").split("What-if suffixes (Ferry only):")[-1].strip(),
+        + ". Ferry suffixes: "
+        + (modes.base_mode.__doc__ or "").split("Suffixes (Ferry only):")[-1].strip(),
     )
     p.add_argument("--suite", default="default", choices=["default", "quick"])
     p.add_argument("--model", choices=["flux", "dit"], help="one run of this model, not a suite")

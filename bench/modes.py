@@ -43,10 +43,10 @@ def all_modes(device_type: str) -> list[str]:
 
 
 def base_mode(mode: str) -> str:
-    """``ferry-block-disk+t1+nocrc`` -> ``ferry-block-disk``. What-if suffixes (Ferry only):
-    ``+p<N>`` prefetch depth N; ``+t<N>`` N read threads (engine default patched);
-    ``+nocrc`` chunk CRC32 not computed (patched); ``+c32c`` a hardware CRC32C computed in
-    its place (cost only; needs the crc32c package); ``+buffered`` DiskTier(direct_io=False)."""
+    """``ferry-block-disk+copy+t1`` -> ``ferry-block-disk``. Suffixes (Ferry only): ``+p<N>``
+    prefetch depth N; ``+copy`` DiskTier(cpu_read="copy") (read into slots, not mapped);
+    ``+everycrc`` DiskTier(verify="every_read"); ``+buffered`` DiskTier(direct_io=False);
+    ``+t<N>`` N read threads for copied reads (a what-if: the engine's default patched)."""
     return mode.split("+", 1)[0]
 
 
@@ -62,7 +62,7 @@ def valid(mode: str, device_type: str) -> bool:
     return not extras or (
         mode.startswith("ferry-")
         and all(
-            e in ("nocrc", "c32c", "buffered") or (e[:1] in "tp" and e[1:].isdigit())
+            e in ("copy", "everycrc", "buffered") or (e[:1] in "tp" and e[1:].isdigit())
             for e in extras
         )
     )
@@ -132,12 +132,11 @@ def _ferry(
             str(workdir / "ferry"),
             source_checkpoint=str(checkpoint) if ckpt else None,
             direct_io="buffered" not in extras,
+            verify="every_read" if "everycrc" in extras else "first_read",
+            cpu_read="copy" if "copy" in extras else "mapped",
         )
     policy = OffloadPolicy(level=level, tier=tier, prefetch_depth=prefetch)
     handle = apply_offload(model, policy, onload_device=device, name="bench")
-    if "nocrc" in extras or "c32c" in extras:
-        # After apply: the files are written with real checksums.
-        _what_if_no_crc(hardware_crc="c32c" in extras)
 
     def stats() -> dict[str, Any]:
         s = handle.stats()
@@ -169,33 +168,6 @@ def _what_if_read_threads(n: int) -> None:
     from offload_core import engine
 
     engine.Engine.__init__.__defaults__ = (n,)
-
-
-def _what_if_no_crc(hardware_crc: bool = False) -> None:
-    """Every chunk's CRC32 check passes without computing it (the read itself unchanged);
-    with ``hardware_crc`` a CRC32C (SSE4.2, the ``crc32c`` package) of the same bytes is
-    computed instead, to measure its cost (the stored checksums are zlib CRC32s)."""
-    import types
-
-    from offload_core import diskstore
-
-    class _Passes(int):
-        def __ne__(self, other: object) -> bool:
-            return False
-
-    if hardware_crc:
-        import crc32c  # type: ignore[import-not-found]
-
-        def crc(data: Any, *a: Any) -> int:
-            crc32c.crc32c(data)
-            return _Passes(0)
-
-    else:
-
-        def crc(data: Any, *a: Any) -> int:
-            return _Passes(0)
-
-    diskstore.zlib = types.SimpleNamespace(crc32=crc)  # type: ignore[assignment]
 
 
 def _diffusers(

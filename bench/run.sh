@@ -3,6 +3,7 @@
 #   bash bench/run.sh                    the default suite (CPU: ~12 min; see docs/benchmarks.md)
 #   bash bench/run.sh --suite quick      a small smoke run
 #   bash bench/run.sh --help             every option (python -m bench.compare --help)
+#   bash bench/run.sh --paired ...       x resident from alternating forwards (bench/paired.py)
 #   bash bench/run.sh --setup-only       only create the venv
 # The peers are installed here only, into their own venv (.venv-bench, or $FERRY_BENCH_VENV),
 # never into the project's .venv: torch==2.13.0 first, then requirements-bench.txt with
@@ -27,4 +28,8 @@ if [ "${1:-}" = "--setup-only" ]; then
   exit 0
 fi
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1 PYTHONUNBUFFERED=1
+if [ "${1:-}" = "--paired" ]; then
+  shift
+  exec "$py" -m bench.paired "$@"   # x-resident in alternating pairs, one process
+fi
 exec "$py" -m bench.compare "$@"

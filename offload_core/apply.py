@@ -31,6 +31,7 @@ from .engine import Engine, GroupRuntime
 from .errors import FerryError
 from .grouping import GroupSpec
 from .layout import Entry
+from .mapped import MappedGroup, can_map
 from .memory import device_memory, release_freed_memory
 from .plan import OffloadPlan, plan_offload
 from .policy import DiskTier, OffloadPolicy, PinnedRamTier
@@ -182,7 +183,7 @@ class _Layout:
         self.resident_bufs: dict[int, torch.Tensor] = {}
         self.store: GroupStore | None = None
         self.notes: list[str] = []
-        self._mmaps: dict[str, torch.Tensor] = {}
+        self._mmaps: dict[str, tuple[mmap.mmap, torch.Tensor]] = {}
 
     # -- apply -------------------------------------------------------------------------------
     def build(self, progress: Progress | None) -> None:
@@ -265,16 +266,24 @@ class _Layout:
         buf = scratch[: spec.nbytes]
         buf.zero_()  # padding bytes are part of the checksummed data
         self._pack(spec, buf)
+        tier = self.plan.policy.tier
+        assert isinstance(tier, DiskTier)
         read_plan = self._from_checkpoint(spec, buf, ckpt) if ckpt else None
+        mapped = None
         if read_plan is not None:
             forms = self._checkpoint_forms(spec, read_plan, ckpt)
         else:
             read_plan = self.store.write_group(spec.index, spec.entries, buf)
-            data = self._mapped(read_plan)[read_plan.chunks[0].file_offset :]
+            mm, whole = self._mapped(read_plan)
+            data = whole[read_plan.chunks[0].file_offset :]
             forms = [e.build(data) for e in spec.entries]
+            if self.backend.synchronous and tier.cpu_read == "mapped" and can_map():
+                mapped = MappedGroup.of(read_plan, mm)
+        read_plan.verify_every_read = tier.verify == "every_read"
         self._point(spec, forms)
         rt = GroupRuntime(spec, forms)
         rt.plan = read_plan
+        rt.mapped = mapped
         return rt
 
     def _from_checkpoint(
@@ -304,14 +313,15 @@ class _Layout:
         except FerryError:
             plan.close()
             return None
+        plan.verified = True
         return plan
 
-    def _mapped(self, plan: ReadPlan) -> torch.Tensor:
+    def _mapped(self, plan: ReadPlan) -> tuple[mmap.mmap, torch.Tensor]:
         key = str(plan.path)
         if key not in self._mmaps:
             # Copy-on-write: a stray in-place write from user code never reaches the file.
             mm = mmap.mmap(plan.fd, 0, access=mmap.ACCESS_COPY)
-            self._mmaps[key] = torch.frombuffer(mm, dtype=torch.uint8)
+            self._mmaps[key] = (mm, torch.frombuffer(mm, dtype=torch.uint8))
         return self._mmaps[key]
 
     def _checkpoint_forms(
@@ -319,7 +329,7 @@ class _Layout:
     ) -> list[torch.Tensor]:
         assert ckpt is not None
         index, prefix = ckpt
-        whole = self._mapped(plan)
+        _, whole = self._mapped(plan)
         forms = []
         for e in spec.entries:
             t = index[prefix + e.qualname]
@@ -378,6 +388,7 @@ class _Layout:
         for e in spec.entries:
             e.point_at(_fresh(e, src))
         rt.host_forms = []
+        rt.mapped = None  # its mapping goes with the last view of it: the file's space too
         if rt.slab is not None:
             self.backend.release_host(rt.slab)
             rt.slab = None

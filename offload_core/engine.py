@@ -33,6 +33,7 @@ from .backend import Backend
 from .diskstore import ReadPlan, check_identity, read_chunk
 from .errors import FerryError
 from .grouping import GroupSpec
+from .mapped import MappedGroup
 from .stats import Counters
 
 log = logging.getLogger("ferry")
@@ -46,6 +47,8 @@ class GroupRuntime:
         self.host_forms = host_forms  # what each entry points at while offloaded
         self.slab: torch.Tensor | None = None  # host tiers: the packed bytes
         self.plan: ReadPlan | None = None  # disk tier: how to read them
+        #: disk tier on a CPU: computed in place from the file's mapping, no slot (mapped.py)
+        self.mapped: MappedGroup | None = None
         self.slot: Slot | None = None  # the slot its tensors point into right now
         self.requires_grad = any(e.requires_grad for e in spec.entries)
 
@@ -91,7 +94,7 @@ class Load:
     step: int
     pos: int | None  # position in the traced order, None when not in the order
     group: GroupRuntime
-    slot: Slot
+    slot: Slot | None  # None for a mapped group: it is computed where it lies
     ready: Any = None
     future: Future[Any] | None = None
     staging: Staging | None = None
@@ -117,10 +120,13 @@ class Engine:
         self.read_threads = read_threads
         self.order: list[GroupRuntime] = list(groups)
         n_slots = prefetch_depth + 1
-        slot_bytes = max((g.spec.nbytes for g in groups), default=0)
-        self.slots = [Slot(i, backend.empty_device(slot_bytes)) for i in range(n_slots)]
+        slotted = [g for g in groups if g.mapped is None]
+        slot_bytes = max((g.spec.nbytes for g in slotted), default=0)
+        self.slots: list[Slot] = []
+        if slotted:
+            self.slots = [Slot(i, backend.empty_device(slot_bytes)) for i in range(n_slots)]
         self.stagings: list[Staging] = []
-        if disk and not backend.synchronous:
+        if disk and slotted and not backend.synchronous:
             self.stagings = [
                 Staging(backend.empty_host(slot_bytes, pinned=backend.can_pin))
                 for _ in range(n_slots)
@@ -237,7 +243,8 @@ class Engine:
             if pair is not None:
                 compute.record_event(pair[1])
                 self._timings.append(("stall", pair[0], pair[1]))
-        load.group.to_slot(load.slot)
+        if load.slot is not None:
+            load.group.to_slot(load.slot)
         self.current = load.group
         self.step = load.step
         self.pos = load.pos
@@ -246,6 +253,10 @@ class Engine:
     def _release_current(self) -> None:
         g = self.current
         if g is None:
+            return
+        if g.mapped is not None:
+            self.current = None
+            g.mapped.release()  # the CPU is done with it: its forward has returned
             return
         assert g.slot is not None
         g.slot.free = self.backend.record(self.backend.compute_stream())
@@ -264,6 +275,10 @@ class Engine:
     def _issue(self, g: GroupRuntime, pos: int | None) -> Load:
         step = self.next_step
         self.next_step += 1
+        if g.mapped is not None:
+            load = Load(step, pos, g, None)
+            load.future = self._groups().submit(self._load_mapped, g.mapped)
+            return load
         slot = self.slots[step % len(self.slots)]
         load = Load(step, pos, g, slot)
         if g.plan is None:
@@ -321,13 +336,20 @@ class Engine:
 
     def _read(self, plan: ReadPlan, buf: torch.Tensor) -> None:
         t0 = time.perf_counter()
-        check_identity(plan)
+        changed = check_identity(plan)
+        verify = changed is not None or plan.needs_checksums()
         pool = self._chunks()
-        futures = [pool.submit(read_chunk, plan, c, buf) for c in plan.chunks]
+        futures = [pool.submit(read_chunk, plan, c, buf, verify) for c in plan.chunks]
         wait(futures)
         for f in futures:
             f.result()  # re-raises a truncated or corrupt chunk
+        plan.accept(changed)
         self.counters.add(bytes_disk=plan.nbytes, disk_s=time.perf_counter() - t0)
+
+    def _load_mapped(self, mapped: MappedGroup) -> None:
+        t0 = time.perf_counter()
+        nbytes = mapped.load()
+        self.counters.add(bytes_disk=nbytes, disk_s=time.perf_counter() - t0)
 
     def _groups(self) -> ThreadPoolExecutor:
         if self._group_pool is None:
@@ -353,6 +375,8 @@ class Engine:
                     ready = None
                 if load.staging is not None and ready is not None:
                     load.staging.free = ready
+            if load.group.mapped is not None and load.group is not self.current:
+                load.group.mapped.unmap()
         self.next_step = self.step + 1
 
     def _abort(self) -> None:

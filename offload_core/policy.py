@@ -64,10 +64,23 @@ class DiskTier:
     #: CPU, and the page cache is left to the rest of the machine. Off: buffered reads
     #: (faster only when the group files fit in the page cache anyway).
     direct_io: bool = True
+    #: When the chunks' CRC32s are checked: "first_read" (each group once per process; every
+    #: read still checks the file's identity, which any write changes) or "every_read".
+    verify: Literal["first_read", "every_read"] = "first_read"
+    #: On a CPU onload device: "mapped" computes straight from the group file's page cache
+    #: (no slot, no copy; only the groups in the prefetch window are mapped), "copy" reads
+    #: each group into a slot. On a GPU the groups are always copied.
+    cpu_read: Literal["mapped", "copy"] = "mapped"
 
     def validate(self) -> None:
         if not isinstance(self.path, str) or not self.path.strip():
             raise ConfigError("disk_path", "the disk tier needs a folder; set disk_path")
+        if self.verify not in ("first_read", "every_read"):
+            raise ConfigError(
+                "verify", f"must be 'first_read' or 'every_read', got {self.verify!r}"
+            )
+        if self.cpu_read not in ("mapped", "copy"):
+            raise ConfigError("cpu_read", f"must be 'mapped' or 'copy', got {self.cpu_read!r}")
 
 
 Level = BlockLevel | LeafLevel

@@ -122,18 +122,27 @@ def test_disk_filling_up_mid_write_loses_nothing(tmp_path, monkeypatch):
         assert torch.equal(model(**x), ref), "the model is resident and usable"
 
 
-def _applied_on_disk(tmp_path):
+@pytest.mark.parametrize("field", ["verify", "cpu_read"])
+def test_bad_disk_tier_options_name_the_setting(tmp_path, field):
+    with pytest.raises(ConfigError) as e:
+        OffloadPolicy(tier=DiskTier(str(tmp_path), **{field: "sometimes"})).validate()
+    assert e.value.setting == field
+
+
+def _applied_on_disk(tmp_path, cpu_read="mapped"):
     x, ref = reference("fp32")
     model = make_model("fp32")
-    handle = apply_offload(model, OffloadPolicy(tier=DiskTier(str(tmp_path))), onload_device="cpu")
+    tier = DiskTier(str(tmp_path), cpu_read=cpu_read)
+    handle = apply_offload(model, OffloadPolicy(tier=tier), onload_device="cpu")
     with torch.no_grad():
         assert torch.equal(model(**x), ref)
     files = sorted(tmp_path.rglob("group-*.safetensors"))
     return model, handle, files, x, ref
 
 
-def test_truncated_group_file_is_detected(tmp_path):
-    model, handle, files, x, _ = _applied_on_disk(tmp_path)
+@pytest.mark.parametrize("cpu_read", ["mapped", "copy"])
+def test_truncated_group_file_is_detected(tmp_path, cpu_read):
+    model, handle, files, x, _ = _applied_on_disk(tmp_path, cpu_read)
     os.truncate(files[3], files[3].stat().st_size - 100)
     for _ in range(2):  # and stays detected: never a wrong output
         with torch.no_grad(), pytest.raises(CorruptGroupFileError, match="apply it again"):
@@ -143,8 +152,11 @@ def test_truncated_group_file_is_detected(tmp_path):
         handle.remove()
 
 
-def test_corrupted_group_file_is_detected_by_checksum(tmp_path):
-    model, handle, files, x, ref = _applied_on_disk(tmp_path)
+@pytest.mark.parametrize("cpu_read", ["mapped", "copy"])
+def test_corrupted_group_file_is_detected_by_checksum(tmp_path, cpu_read):
+    """A write after the first read (checksums already passed once) with size and mtime put
+    back: the ctime moved, so that read checks the checksums again."""
+    model, handle, files, x, ref = _applied_on_disk(tmp_path, cpu_read)
     target = files[2]
     st = target.stat()
     with open(target, "r+b") as f:

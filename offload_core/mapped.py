@@ -1,0 +1,112 @@
+"""Disk-tier groups a CPU computes on straight from the group file's page cache.
+
+[Note: mapped groups]
+On a CPU onload device a group file's private (copy-on-write) mapping is already memory the
+CPU can compute on: from apply on, the group's entries point at 64-byte-aligned views of it
+(the same offsets as a slot, so the arithmetic, and the output, is the resident model's).
+Loading such a group asks the kernel for its pages (``MADV_POPULATE_READ`` on a reader
+thread: the disk read overlaps the previous group's compute and the kernel's readahead runs
+at the disk's buffered speed); releasing it drops the mapping's page-table entries
+(``MADV_DONTNEED``), so the process maps at most the groups in the prefetch window, never the
+whole model. No slot, no copy: the bytes go from the disk to the page cache and are used
+there. The page cache is left to the kernel: it reclaims it under memory pressure and keeps
+it while RAM is free (then the next forward reads nothing from the disk).
+Ordering needs nothing beyond the pre-hook waiting on the load's future: the CPU computes on
+the host's timeline, so when a group is released its forward is done. ``MADV_DONTNEED``
+cannot lose data: the mapping is never written (a stray in-place write lands in a private
+copy, which it discards) and a later touch faults the same bytes back in from the file.
+A write to the file by anyone changes its identity (ctime), which is checked before the load
+and again at release, so a forward that computed on changed bytes fails instead of returning
+them. A file truncated by another process while one of its groups computes raises SIGBUS, as
+it does under any mmapped checkpoint loader; a truncation at any other time is caught by the
+identity check.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import sys
+from dataclasses import dataclass
+
+from .diskstore import ReadPlan, check_chunk, check_identity
+from .errors import CorruptGroupFileError
+
+#: Linux >= 5.14: fault the range in now (reading it from the disk), without touching it
+#: from user space. Older kernels answer EINVAL and get MADV_WILLNEED (asynchronous).
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+
+
+def can_map() -> bool:
+    """Mapped groups need madvise's Linux semantics (DONTNEED drops the pages at once)."""
+    return sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED")
+
+
+@dataclass
+class MappedGroup:
+    """One group's bytes in its own group file's mapping (``start`` page-aligned)."""
+
+    plan: ReadPlan
+    mm: mmap.mmap
+    start: int
+    length: int
+
+    @classmethod
+    def of(cls, plan: ReadPlan, mm: mmap.mmap) -> MappedGroup:
+        """The whole file from its first byte: one group per file, and the header's page is
+        faulted in beside the data when the checksums are read (fault-around), so it must be
+        dropped with it."""
+        end = max(c.file_offset + c.nbytes for c in plan.chunks)
+        return cls(plan, mm, 0, end)
+
+    def load(self) -> int:
+        """Brings the group's pages in (a reader thread); returns the bytes it covers."""
+        changed = check_identity(self.plan)
+        if changed is not None or self.plan.needs_checksums():
+            self._verify()  # reading every byte for the checksums faults the pages in too
+        else:
+            self._populate()
+        self.plan.accept(changed)
+        return self.plan.nbytes
+
+    def unmap(self) -> None:
+        """Drops the group's pages from the process (a load that will not be used)."""
+        self.mm.madvise(mmap.MADV_DONTNEED, self.start, self.length)
+
+    def release(self) -> None:
+        """After the group's forward: unmap its pages, then make sure nobody wrote the file
+        while it computed (if someone did, the bytes must still be the ones written at apply,
+        else the forward fails rather than return what they computed)."""
+        self.unmap()
+        changed = check_identity(self.plan)
+        if changed is not None:
+            self._verify()
+            self.mm.madvise(mmap.MADV_DONTNEED, self.start, self.length)
+            self.plan.accept(changed)
+
+    def _verify(self) -> None:
+        view = memoryview(self.mm)
+        try:
+            for c in self.plan.chunks:
+                check_chunk(self.plan, c, view[c.file_offset : c.file_offset + c.nbytes])
+        except (IndexError, ValueError):
+            raise CorruptGroupFileError(
+                f"{self.plan.path} is truncated; its contents were not used. Remove the "
+                "offload and apply it again to rewrite it"
+            ) from None
+        finally:
+            view.release()
+
+    def _populate(self) -> None:
+        try:
+            self.mm.madvise(MADV_POPULATE_READ, self.start, self.length)
+        except OSError as e:
+            if e.errno == errno.EINVAL:  # a kernel without MADV_POPULATE_READ
+                self.mm.madvise(mmap.MADV_WILLNEED, self.start, self.length)
+            elif e.errno == errno.EFAULT:  # the file ends before the group does
+                raise CorruptGroupFileError(
+                    f"{self.plan.path} is truncated; its contents were not used. Remove the "
+                    "offload and apply it again to rewrite it"
+                ) from None
+            else:
+                raise
