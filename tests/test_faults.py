@@ -219,18 +219,25 @@ def test_run_killed_mid_write_is_detected_and_rewritten(tmp_path):
 
 
 def test_never_deletes_what_it_did_not_write(tmp_path):
+    # A name no other test uses: a live offload elsewhere would move the name on instead.
+    name = f"squat-{uuid.uuid4().hex[:6]}"
     (tmp_path / "mine.txt").write_text("user file")
-    squatter = tmp_path / "ferry-DemoDiT"
+    squatter = tmp_path / f"ferry-{name}"
     squatter.mkdir()
     (squatter / "group-00000.safetensors").write_text("not Ferry's")
-    _model, handle, _, _, _ = _applied_on_disk(tmp_path)
-    assert handle.stats().disk_folder == str(tmp_path / "ferry-DemoDiT-2"), (
+    x, ref = reference("fp32")
+    model = make_model("fp32")
+    policy = OffloadPolicy(tier=DiskTier(str(tmp_path)))
+    handle = apply_offload(model, policy, onload_device="cpu", name=name)
+    with torch.no_grad():
+        assert torch.equal(model(**x), ref)
+    assert handle.stats().disk_folder == str(tmp_path / f"ferry-{name}-2"), (
         "a folder Ferry did not make is left alone"
     )
     handle.remove()
     assert (tmp_path / "mine.txt").read_text() == "user file"
     assert (squatter / "group-00000.safetensors").read_text() == "not Ferry's"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ferry-DemoDiT", "mine.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"ferry-{name}", "mine.txt"]
 
 
 def test_folders_ferry_created_are_removed_when_empty(tmp_path):
