@@ -44,20 +44,17 @@ def can_map() -> bool:
 
 @dataclass
 class MappedGroup:
-    """One group's bytes in its own group file's mapping (``start`` page-aligned)."""
+    """One group's own group file, mapped: ``length`` bytes from its first byte (the
+    header's page is faulted in beside the data when the checksums are read, fault-around,
+    so it is dropped with it)."""
 
     plan: ReadPlan
     mm: mmap.mmap
-    start: int
     length: int
 
     @classmethod
     def of(cls, plan: ReadPlan, mm: mmap.mmap) -> MappedGroup:
-        """The whole file from its first byte: one group per file, and the header's page is
-        faulted in beside the data when the checksums are read (fault-around), so it must be
-        dropped with it."""
-        end = max(c.file_offset + c.nbytes for c in plan.chunks)
-        return cls(plan, mm, 0, end)
+        return cls(plan, mm, max(c.file_offset + c.nbytes for c in plan.chunks))
 
     def load(self) -> int:
         """Brings the group's pages in (a reader thread); returns the bytes it covers."""
@@ -71,7 +68,7 @@ class MappedGroup:
 
     def unmap(self) -> None:
         """Drops the group's pages from the process (a load that will not be used)."""
-        self.mm.madvise(mmap.MADV_DONTNEED, self.start, self.length)
+        self.mm.madvise(mmap.MADV_DONTNEED, 0, self.length)
 
     def release(self) -> None:
         """After the group's forward: unmap its pages, then make sure nobody wrote the file
@@ -81,28 +78,24 @@ class MappedGroup:
         changed = check_identity(self.plan)
         if changed is not None:
             self._verify()
-            self.mm.madvise(mmap.MADV_DONTNEED, self.start, self.length)
+            self.mm.madvise(mmap.MADV_DONTNEED, 0, self.length)
             self.plan.accept(changed)
 
     def _verify(self) -> None:
+        # The size was checked first (check_identity), so every chunk lies inside the file.
         view = memoryview(self.mm)
         try:
             for c in self.plan.chunks:
                 check_chunk(self.plan, c, view[c.file_offset : c.file_offset + c.nbytes])
-        except (IndexError, ValueError):
-            raise CorruptGroupFileError(
-                f"{self.plan.path} is truncated; its contents were not used. Remove the "
-                "offload and apply it again to rewrite it"
-            ) from None
         finally:
             view.release()
 
     def _populate(self) -> None:
         try:
-            self.mm.madvise(MADV_POPULATE_READ, self.start, self.length)
+            self.mm.madvise(MADV_POPULATE_READ, 0, self.length)
         except OSError as e:
             if e.errno == errno.EINVAL:  # a kernel without MADV_POPULATE_READ
-                self.mm.madvise(mmap.MADV_WILLNEED, self.start, self.length)
+                self.mm.madvise(mmap.MADV_WILLNEED, 0, self.length)
             elif e.errno == errno.EFAULT:  # the file ends before the group does
                 raise CorruptGroupFileError(
                     f"{self.plan.path} is truncated; its contents were not used. Remove the "
