@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.probes import drop_page_cache
+from offload_core.mapped import MADV_POPULATE_READ
 
 MiB = 1 << 20
 
@@ -55,7 +56,7 @@ def _populate(path: Path, size: int, chunk: int = 340 * MiB) -> None:
         mm = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
         for off in range(0, size, chunk):
             n = min(chunk, size - off)
-            mm.madvise(getattr(mmap, "MADV_POPULATE_READ", 22), off, n)
+            mm.madvise(MADV_POPULATE_READ, off, n)
             mm.madvise(mmap.MADV_DONTNEED, off, n)
         mm.close()
     finally:

@@ -102,8 +102,9 @@ class ReadPlan:
     def size(self) -> int:
         return self.identity.size
 
-    def needs_checksums(self) -> bool:
-        return self.verify_every_read or not self.verified
+    def needs_checksums(self, changed: FileIdentity | None) -> bool:
+        """Whether this read checks the CRC32s; ``changed`` is what check_identity found."""
+        return changed is not None or self.verify_every_read or not self.verified
 
     def accept(self, identity: FileIdentity | None) -> None:
         """After a read whose checksums matched (or were not due)."""

@@ -337,7 +337,7 @@ class Engine:
     def _read(self, plan: ReadPlan, buf: torch.Tensor) -> None:
         t0 = time.perf_counter()
         changed = check_identity(plan)
-        verify = changed is not None or plan.needs_checksums()
+        verify = plan.needs_checksums(changed)
         pool = self._chunks()
         futures = [pool.submit(read_chunk, plan, c, buf, verify) for c in plan.chunks]
         wait(futures)

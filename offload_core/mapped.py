@@ -59,7 +59,7 @@ class MappedGroup:
     def load(self) -> int:
         """Brings the group's pages in (a reader thread); returns the bytes it covers."""
         changed = check_identity(self.plan)
-        if changed is not None or self.plan.needs_checksums():
+        if self.plan.needs_checksums(changed):
             self._verify()  # reading every byte for the checksums faults the pages in too
         else:
             self._populate()
@@ -77,8 +77,8 @@ class MappedGroup:
         self.unmap()
         changed = check_identity(self.plan)
         if changed is not None:
-            self._verify()
-            self.mm.madvise(mmap.MADV_DONTNEED, 0, self.length)
+            self._verify()  # faults the pages in again: drop them again
+            self.unmap()
             self.plan.accept(changed)
 
     def _verify(self) -> None:
