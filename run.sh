@@ -27,7 +27,7 @@ fi
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=${TORCHAO_FORCE_SKIP_LOADING_SO_FILES:-1}
 case "$job" in
   panel) exec "$py" scripts/panel.py "$@" ;;
-  demo)  exec "$py" -m offload_core.demo "$@" ;;
+  demo)  exec "$py" -m offload_core.tools.demo "$@" ;;
   test)
     "$py" -m ruff check .
     "$py" -m ruff format --check .

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from bench import models, modes, probes
-from offload_core.memory import fmt_bytes
+from offload_core.runtime.memory import fmt_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 

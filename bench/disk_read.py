@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.probes import drop_page_cache
-from offload_core.mapped import MADV_POPULATE_READ
+from offload_core.sources.mapped import MADV_POPULATE_READ
 
 MiB = 1 << 20
 

@@ -165,7 +165,7 @@ def _ferry(
 # -- what-if rows: the engine patched in this (throw-away) process, to measure what an engine
 # change would bring before anyone makes it. Never part of the default table.
 def _what_if_read_threads(n: int) -> None:
-    from offload_core import engine
+    from offload_core.runtime import engine
 
     engine.Engine.__init__.__defaults__ = (n,)
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from bench import models, modes, probes
-from offload_core.memory import PeakRssSampler, process_memory, release_freed_memory
+from offload_core.runtime.memory import PeakRssSampler, process_memory, release_freed_memory
 
 
 def _sync(device: torch.device) -> None:

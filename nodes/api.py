@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..offload_core.errors import ConfigError
-from ..offload_core.monitor import get_monitor
-from ..offload_core.settings_file import (
+from ..offload_core.tools.monitor import get_monitor
+from ..offload_core.tools.settings_file import (
     PanelSettings,
     default_settings_path,
     known_quant_presets,

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..offload_core import AlreadyOffloadedError, OffloadHandle, apply_offload, plan_offload
-from ..offload_core.plan import OffloadPlan
+from ..offload_core.model.plan import OffloadPlan
 from .config import FerryConfig
 
 ATTR = "ferry_binding"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
-from ..offload_core.memory import fmt_bytes
+from ..offload_core.runtime.memory import fmt_bytes
 
 # Widget ids of "Ferry Offload Model". Stable forever: saved workflows refer to them.
 LEVELS = ("block", "leaf")

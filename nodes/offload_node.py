@@ -13,7 +13,7 @@ import folder_paths
 from comfy_api.latest import io
 
 from ..offload_core import ConfigError
-from ..offload_core.settings_file import default_settings_path, load_settings
+from ..offload_core.tools.settings_file import default_settings_path, load_settings
 from .binding import OffloadBinding
 from .config import (
     LEVELS,

@@ -23,8 +23,8 @@ import folder_paths
 import torch
 
 from ..offload_core import ConfigError
+from ..offload_core.formats.safetensors import read_checkpoint_header
 from ..offload_core.quant import load_quantized, quantize_model, resolve_preset
-from ..offload_core.quant.safetensors_file import read_checkpoint_header
 from .config import NodeInputError
 
 log = logging.getLogger("ferry")

@@ -8,7 +8,7 @@ from typing import Any
 from comfy_api.latest import io, ui
 
 from ..offload_core import ConfigError, device_memory, live_offloads, process_memory
-from ..offload_core.monitor import default_device
+from ..offload_core.tools.monitor import default_device
 from .binding import OffloadBinding
 from .report import report_text
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..offload_core.monitor import OffloadSample, Sample
+from ..offload_core.tools.monitor import OffloadSample, Sample
 
 EVENT = "ferry.stats"
 
@@ -22,7 +22,7 @@ _OFFLOAD_FIELDS = (
 
 def fresh_sample(device: str | None) -> Sample:
     """RAM and VRAM read now, shaped like the monitor's samples."""
-    from ..offload_core.monitor import read_sample
+    from ..offload_core.tools.monitor import read_sample
 
     return read_sample(device)
 

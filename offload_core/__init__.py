@@ -11,7 +11,7 @@
 Importing this package starts no thread, opens no file and does not initialise CUDA.
 """
 
-from .apply import OffloadHandle, apply_offload, find_offload
+from .api import OffloadHandle, apply_offload, find_offload
 from .errors import (
     AlreadyOffloadedError,
     ConfigError,
@@ -21,15 +21,7 @@ from .errors import (
     GroupingError,
     OffloadRemovedError,
 )
-from .memory import (
-    DeviceMemory,
-    PeakRssSampler,
-    ProcessMemory,
-    device_memory,
-    process_memory,
-    system_available_ram,
-)
-from .plan import OffloadPlan, plan_offload
+from .model.plan import OffloadPlan, plan_offload
 from .policy import (
     BlockLevel,
     DiskTier,
@@ -39,7 +31,15 @@ from .policy import (
     RamTier,
 )
 from .registry import live_offloads
-from .stats import OffloadStats
+from .runtime.memory import (
+    DeviceMemory,
+    PeakRssSampler,
+    ProcessMemory,
+    device_memory,
+    process_memory,
+    system_available_ram,
+)
+from .runtime.stats import OffloadStats
 
 __all__ = [
     "AlreadyOffloadedError",

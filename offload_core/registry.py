@@ -6,7 +6,7 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .apply import OffloadHandle
+    from .api import OffloadHandle
 
 _lock = threading.Lock()
 _live: list[OffloadHandle] = []

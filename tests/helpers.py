@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from offload_core.demo_model import build_demo_model, demo_inputs
+from offload_core.tools.demo_model import build_demo_model, demo_inputs
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

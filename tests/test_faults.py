@@ -20,9 +20,9 @@ from offload_core import (
     DiskTier,
     OffloadPolicy,
     apply_offload,
-    diskstore,
     plan_offload,
 )
+from offload_core.sources import disk_folder
 from tests.helpers import make_model, reference, snapshot, state_equal, tmpfs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,8 +108,8 @@ def test_disk_filling_up_mid_write_loses_nothing(tmp_path, monkeypatch):
     model = make_model("fp32")
     before, ids, _ = snapshot(model)
     # The free-space check is told there is room; the real filesystem then runs out.
-    real = diskstore.shutil.disk_usage
-    monkeypatch.setattr(diskstore.shutil, "disk_usage", lambda p: real(p)._replace(free=1 << 40))
+    real = disk_folder.shutil.disk_usage
+    monkeypatch.setattr(disk_folder.shutil, "disk_usage", lambda p: real(p)._replace(free=1 << 40))
     with tmpfs(tmp_path / "tiny", "5m") as tiny:
         with pytest.raises(DiskPathError, match="filled up") as e:
             apply_offload(model, OffloadPolicy(tier=DiskTier(str(tiny))), onload_device="cpu")
@@ -183,7 +183,7 @@ def test_run_killed_mid_write_is_detected_and_rewritten(tmp_path):
         f"""
         import os, torch
         from offload_core import apply_offload, OffloadPolicy, DiskTier
-        from offload_core import diskstore
+        from offload_core.sources import store as diskstore
         from tests.helpers import make_model
         calls = {{"n": 0}}
         real = os.replace

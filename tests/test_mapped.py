@@ -1,5 +1,5 @@
 """The CPU disk path that computes straight from the group files' mapping (mapped.py), and
-when the chunk checksums are checked (diskstore.ReadPlan's note)."""
+when the chunk checksums are checked ([Note: what is checked when] in sources/reads.py)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from offload_core import (
     LeafLevel,
     OffloadPolicy,
     apply_offload,
-    diskstore,
 )
-from offload_core.diskstore import FileIdentity
-from offload_core.mapped import can_map
+from offload_core.sources import reads
+from offload_core.sources.mapped import can_map
+from offload_core.sources.reads import FileIdentity
 from tests.helpers import make_model, reference
 
 pytestmark = pytest.mark.skipif(not can_map(), reason="mapped groups need Linux madvise")
@@ -81,7 +81,7 @@ def _count_crc(monkeypatch) -> list[int]:
         calls[0] += 1
         return real(data, *a)
 
-    monkeypatch.setattr(diskstore.zlib, "crc32", crc32)
+    monkeypatch.setattr(reads.zlib, "crc32", crc32)
     return calls
 
 

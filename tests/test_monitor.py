@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from offload_core import BlockLevel, OffloadPolicy, RamTier, apply_offload
-from offload_core.demo_model import build_demo_model, demo_inputs
-from offload_core.monitor import Monitor, OffloadSample, get_monitor
+from offload_core.tools.demo_model import build_demo_model, demo_inputs
+from offload_core.tools.monitor import Monitor, OffloadSample, get_monitor
 
 
 def _wait_for(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
@@ -25,7 +25,7 @@ def _wait_for(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-d
 
 def test_import_starts_no_thread() -> None:
     code = (
-        "import threading, offload_core.monitor as m, offload_core.settings_file, offload_core.autotune;"
+        "import threading, offload_core.tools.monitor as m, offload_core.tools.settings_file, offload_core.tools.autotune;"
         "m.get_monitor();"
         "print(sorted(t.name for t in threading.enumerate()), m.get_monitor().running)"
     )

@@ -16,8 +16,8 @@ api = importlib.import_module(f"{PACK_NAME}.nodes.api")
 stats = importlib.import_module(f"{PACK_NAME}.nodes.stats")
 report = importlib.import_module(f"{PACK_NAME}.nodes.report")
 pusher = importlib.import_module(f"{PACK_NAME}.nodes.pusher")
-monitor = importlib.import_module(f"{PACK_NAME}.offload_core.monitor")
-memory = importlib.import_module(f"{PACK_NAME}.offload_core.memory")
+monitor = importlib.import_module(f"{PACK_NAME}.offload_core.tools.monitor")
+memory = importlib.import_module(f"{PACK_NAME}.offload_core.runtime.memory")
 
 OFFLOAD = {
     "name": "flux", "device": "cuda:0", "level": "block", "tier": "disk", "groups": 19,

@@ -14,7 +14,7 @@ gr = pytest.importorskip("gradio")
 
 def test_tab_registers_on_gradio_6_and_builds_the_panel(pack: ModuleType) -> None:
     a1111 = importlib.import_module(f"{pack.__name__}.web.panel.a1111")
-    monitor = importlib.import_module(f"{pack.__name__}.offload_core.monitor").get_monitor()
+    monitor = importlib.import_module(f"{pack.__name__}.offload_core.tools.monitor").get_monitor()
     was_running = monitor.running
     registered: list[Any] = []
     fake = SimpleNamespace(on_ui_tabs=registered.append)

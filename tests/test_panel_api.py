@@ -96,7 +96,7 @@ def test_settings_round_trip_panel_file_nodes(
     assert data["quant_preset"] == "int8-weight"
     assert not disk.exists()  # saving a disk path creates nothing
     # What the ComfyUI node reads with "use panel settings" on.
-    settings_file = running.sub("offload_core.settings_file")
+    settings_file = running.sub("offload_core.tools.settings_file")
     config = running.sub("nodes.config")
     policy = config.policy_from_panel(lambda: settings_file.load_settings(running.settings_path))
     oc = running.sub("offload_core")
@@ -203,7 +203,7 @@ def test_planner_recommends_and_saves_with_one_click(running: RunningPanel, clie
     assert len(vram_pts["data"]) == len(rows)
     out = client.predict("none", api_name="/save_recommended")
     assert out[-1].startswith("✔ Saved the recommended plan")
-    saved = running.sub("offload_core.settings_file").load_settings(running.settings_path)
+    saved = running.sub("offload_core.tools.settings_file").load_settings(running.settings_path)
     assert saved.policy.to_dict()["blocks_per_group"] == int(best[1].split("x")[1].split(",")[0])
 
 

@@ -115,13 +115,13 @@ def test_form_round_trip_and_errors_name_the_setting(pack: ModuleType) -> None:
 def test_apply_reoffloads_live_models_between_runs(pack: ModuleType, tmp_path: Path) -> None:
     oc = sub(pack, "offload_core")
     ctx_mod = sub(pack, "web.panel.context")
-    from offload_core.monitor import Monitor  # a private monitor: nothing shared is started
+    from offload_core.tools.monitor import Monitor  # a private monitor: nothing shared is started
 
     demo = ctx_mod.DemoSession(size_gb=0.002, tokens=8)
     ctx = ctx_mod.PanelContext(settings_path=tmp_path / "s.json", demo=demo, onload_device="cpu",
                                monitor=Monitor(read_offloads=lambda: []))  # fmt: skip
     first = oc.OffloadPolicy(level=oc.BlockLevel(1), tier=oc.RamTier())
-    ctx.start_demo(sub(pack, "offload_core.settings_file").PanelSettings(first))
+    ctx.start_demo(sub(pack, "offload_core.tools.settings_file").PanelSettings(first))
     model = demo.model
     with torch.inference_mode():
         ref = model(**demo.inputs)
@@ -154,14 +154,14 @@ def test_demo_runs_resident_when_the_saved_settings_cannot_apply(
 ) -> None:
     oc = sub(pack, "offload_core")
     ctx_mod = sub(pack, "web.panel.context")
-    from offload_core.monitor import Monitor
+    from offload_core.tools.monitor import Monitor
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     demo = ctx_mod.DemoSession(size_gb=0.002, tokens=8)
     ctx = ctx_mod.PanelContext(settings_path=tmp_path / "s.json", demo=demo, onload_device="cpu",
                                monitor=Monitor(read_offloads=lambda: []))  # fmt: skip
-    saved = sub(pack, "offload_core.settings_file").PanelSettings(
+    saved = sub(pack, "offload_core.tools.settings_file").PanelSettings(
         oc.OffloadPolicy(tier=oc.DiskTier(str(blocker / "swap")))
     )
     msg = ctx.start_demo(saved)

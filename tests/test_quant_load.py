@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from offload_core.demo_model import DemoDiT, demo_inputs
 from offload_core.errors import ConfigError
 from offload_core.quant import cache as cache_mod
 from offload_core.quant import load_quantized, quantize_model
+from offload_core.tools.demo_model import DemoDiT, demo_inputs
 from tests.helpers import tmpfs
 
 CPU_QUANT = ["int8-weight", "int8-dynamic", "float8-weight"]

@@ -18,9 +18,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from offload_core.memory import PeakRssSampler, process_memory
+from offload_core.formats.safetensors import write_file
 from offload_core.quant import load_quantized, quantize_model
-from offload_core.quant.safetensors_file import write_file
+from offload_core.runtime.memory import PeakRssSampler, process_memory
 
 MB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]

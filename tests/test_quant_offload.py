@@ -18,8 +18,8 @@ from offload_core import (
     RamTier,
     apply_offload,
 )
-from offload_core.demo_model import DemoDiT, build_demo_model, demo_inputs
 from offload_core.quant import Preset, SkipRules, load_quantized, quantize_model
+from offload_core.tools.demo_model import DemoDiT, build_demo_model, demo_inputs
 
 # IntxUnpackedToInt8Tensor has no pin_memory (facts.md): the pinned tier must pin its inner
 # tensors. Not a user preset (its int4 values are stored unpacked in int8, so it saves nothing

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from offload_core import BlockLevel, ConfigError, DiskTier, LeafLevel, OffloadPolicy, RamTier
-from offload_core.settings_file import (
+from offload_core.tools.settings_file import (
     PanelSettings,
     default_settings_path,
     load_settings,

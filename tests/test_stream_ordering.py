@@ -14,8 +14,8 @@ from offload_core import (
     PinnedRamTier,
     apply_offload,
 )
-from offload_core import apply as apply_mod
-from offload_core.demo_model import build_demo_model, demo_inputs
+from offload_core import api as apply_mod
+from offload_core.tools.demo_model import build_demo_model, demo_inputs
 from tests.sanitizer_backend import ComputeKernels, SanitizerBackend
 
 

@@ -11,9 +11,9 @@ import argparse
 import sys
 
 from ..errors import FerryError
+from ..formats.safetensors import read_checkpoint_header
 from .builders import demo_build, import_build
 from .presets import PRESETS, resolve_preset
-from .safetensors_file import read_checkpoint_header
 
 
 def _presets(args: argparse.Namespace) -> int:

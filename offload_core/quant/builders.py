@@ -11,14 +11,14 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .safetensors_file import Header
+from ..formats.safetensors import Header
 
 Build = Callable[[torch.device], nn.Module]
 
 
 def demo_build(header: Header) -> Build:
-    """A factory for offload_core.demo_model.DemoDiT with the sizes its checkpoint has."""
-    from ..demo_model import DemoDiT
+    """A factory for offload_core.tools.demo_model.DemoDiT with the sizes its checkpoint has."""
+    from ..tools.demo_model import DemoDiT
 
     try:
         dim, in_channels = header.entries["img_in.weight"].shape

@@ -28,10 +28,10 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..formats.safetensors import Header, HeaderError, byte_view, read_header, read_new, write_file
 from .model_tensors import model_signature, module_slots, place, restore, snapshot
 from .presets import Preset
 from .report import LayerReport, QuantReport
-from .safetensors_file import Header, HeaderError, byte_view, read_header, read_new, write_file
 from .selection import LayerChoice, SkipRules
 from .streaming import Progress
 from .trim import release_free_memory

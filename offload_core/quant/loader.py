@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..formats.safetensors import read_checkpoint_header
 from . import cache
 from .model_tensors import build_meta_model
 from .presets import Preset, resolve_preset
 from .report import QuantReport
-from .safetensors_file import read_checkpoint_header
 from .selection import SkipRules, choose_layers
 from .streaming import Progress, check_checkpoint_matches, stream_quantize
 

@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..formats.safetensors import Header, StoredTensor, read_into, read_new
 from .model_tensors import module_slots, place, state_names
 from .presets import Preset
 from .quantize import move_direct, quantize_linear
 from .report import LayerReport
-from .safetensors_file import Entry, Header, read_into, read_new
 from .selection import DECLINED, LayerChoice, is_quantized, module_bytes
 from .trim import release_free_memory
 
@@ -52,7 +52,7 @@ def check_checkpoint_matches(model: nn.Module, header: Header) -> None:
         )
 
 
-def _entry(header: Header, names: dict[int, list[str]], meta: torch.Tensor) -> Entry:
+def _entry(header: Header, names: dict[int, list[str]], meta: torch.Tensor) -> StoredTensor:
     """The checkpoint entry of a meta tensor, under whichever of its (tied) names is stored."""
     return header.entries[next(k for k in names[id(meta)] if k in header.entries)]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ...offload_core.monitor import get_monitor
+from ...offload_core.tools.monitor import get_monitor
 from .context import PanelContext
 
 MIN_GRADIO_MAJOR = 6

@@ -27,8 +27,8 @@ from ...offload_core import (
     live_offloads,
     plan_offload,
 )
-from ...offload_core.monitor import Monitor, get_monitor
-from ...offload_core.settings_file import (
+from ...offload_core.tools.monitor import Monitor, get_monitor
+from ...offload_core.tools.settings_file import (
     PanelSettings,
     default_settings_path,
     load_settings,
@@ -73,7 +73,7 @@ class DemoSession:
     inputs: dict[str, Any] = field(default_factory=dict)
 
     def build(self, device: str = "cpu") -> None:
-        from ...offload_core.demo_model import build_demo_model, demo_inputs
+        from ...offload_core.tools.demo_model import build_demo_model, demo_inputs
 
         self.model = build_demo_model(size_gb=self.size_gb, dtype=self.dtype, seed=0)
         # Inputs live where the forward runs: the engine brings weights there, not inputs.

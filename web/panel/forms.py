@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from ...offload_core.errors import ConfigError
 from ...offload_core.policy import GIB, OffloadPolicy
-from ...offload_core.settings_file import PanelSettings
+from ...offload_core.tools.settings_file import PanelSettings
 
 
 class Form(NamedTuple):

@@ -11,7 +11,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from ...offload_core.monitor import Snapshot
+from ...offload_core.tools.monitor import Snapshot
 from .context import PanelContext
 
 GB = float(1 << 30)

@@ -1,4 +1,4 @@
-"""The planner tab: "find settings for this machine" (offload_core.autotune) with a progress
+"""The planner tab: "find settings for this machine" (offload_core.tools.autotune) with a progress
 bar, its table, time-vs-memory plots, the recommendation and one-click save."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from ...offload_core.autotune import Budget, TuneResult, autotune, demo_factory
 from ...offload_core.errors import ConfigError, FerryError
-from ...offload_core.memory import system_available_ram
 from ...offload_core.policy import OffloadPolicy
-from ...offload_core.settings_file import PanelSettings
+from ...offload_core.runtime.memory import system_available_ram
+from ...offload_core.tools.autotune import Budget, TuneResult, autotune, demo_factory
+from ...offload_core.tools.settings_file import PanelSettings
 from .context import PanelContext
 from .disk_check import check_disk_path
 from .forms import form_from_settings

@@ -9,7 +9,7 @@ import gradio as gr
 import pandas as pd
 
 from ...offload_core.errors import ConfigError, FerryError
-from ...offload_core.settings_file import known_quant_presets
+from ...offload_core.tools.settings_file import known_quant_presets
 from .context import PanelContext
 from .disk_check import check_disk_path
 from .forms import Form, form_from_settings, settings_from_form
@@ -117,7 +117,7 @@ def load_form(ctx: PanelContext) -> list[Any]:
         settings = ctx.load()
         msg = f"Settings file: `{ctx.settings_path}`"
     except FerryError as e:
-        from ...offload_core.settings_file import PanelSettings
+        from ...offload_core.tools.settings_file import PanelSettings
 
         settings = PanelSettings()
         msg = f"✖ The settings file `{ctx.settings_path}` is invalid ({e}); showing defaults. Save to replace it."

@@ -8,10 +8,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import AlreadyOffloadedError, ConfigError
+from ..errors import AlreadyOffloadedError, ConfigError
+from ..policy import AUTO, DiskTier, OffloadPolicy, RamTier
+from ..runtime.memory import fmt_bytes
 from .grouping import Grouping, build_grouping
-from .memory import fmt_bytes
-from .policy import AUTO, DiskTier, OffloadPolicy, RamTier
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from .errors import FerryError
+from ..errors import FerryError
 
 #: Every tensor starts on a 64-byte boundary, as the allocator would place it. Weights used
 #: at 8-byte-aligned offsets give different (not bit-identical) results (facts.md).

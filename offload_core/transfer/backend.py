@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from .layout import page_aligned_empty
+from ..model.layout import page_aligned_empty
 
 T = TypeVar("T")
 

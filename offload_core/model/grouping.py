@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from .errors import GroupingError
+from ..errors import GroupingError
+from ..policy import BlockLevel, Level
 from .layout import PAGE, Entry, align_up, entry_end, make_entry
-from .policy import BlockLevel, Level
 
 
 @dataclass

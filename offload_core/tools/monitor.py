@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .memory import device_memory, process_memory, system_available_ram
+from ..runtime.memory import device_memory, process_memory, system_available_ram
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _read_offloads() -> list[OffloadSample]:
     # Imported here: the registry belongs to the engine, and the monitor must stay usable
     # (RAM/VRAM only) in a tree where the engine is not importable.
     try:
-        from .registry import live_offloads
+        from ..registry import live_offloads
     except ImportError:
         return []
     out = []

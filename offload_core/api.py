@@ -14,28 +14,21 @@ import torch
 from torch import nn
 
 from . import registry
-from .backend import Backend, backend_for
-from .diskstore import (
-    CHUNK,
-    Chunk,
-    GroupStore,
-    ReadPlan,
-    _bytes_view,
-    checkpoint_chunks,
-    find_prefix,
-    open_plan,
-    read_checkpoint_index,
-    read_chunk,
-)
-from .engine import Engine, GroupRuntime
 from .errors import FerryError
-from .grouping import GroupSpec
-from .layout import Entry
-from .mapped import MappedGroup, can_map
-from .memory import device_memory, release_freed_memory
-from .plan import OffloadPlan, plan_offload
+from .model.grouping import GroupSpec
+from .model.layout import Entry
+from .model.plan import OffloadPlan, plan_offload
 from .policy import DiskTier, OffloadPolicy, PinnedRamTier
-from .stats import Counters, OffloadStats, gbps
+from .runtime.engine import Engine, GroupRuntime
+from .runtime.memory import device_memory, release_freed_memory
+from .runtime.stats import Counters, OffloadStats, gbps
+from .sources.checkpoint import checkpoint_spans as checkpoint_chunks
+from .sources.checkpoint import find_prefix, read_checkpoint_index
+from .sources.mapped import MappedGroup, can_map
+from .sources.reads import CHUNK, Chunk, ReadPlan, open_plan, read_chunk
+from .sources.reads import bytes_view as _bytes_view
+from .sources.store import GroupStore
+from .transfer.backend import Backend, backend_for
 
 log = logging.getLogger("ferry")
 Progress = Callable[[int, int], None]

@@ -1,8 +1,8 @@
 """The CLI demo: build a synthetic DiT, run it resident, then offloaded, and print a table.
 
-    python -m offload_core.demo                       # ~2 GB bf16 model, pinned RAM, auto device
-    python -m offload_core.demo --tier disk --disk-path /nvme/ferry --size-gb 8
-    python -m offload_core.demo --level leaf --tier ram --device cpu --size-gb 0.5
+    python -m offload_core.tools.demo                       # ~2 GB bf16 model, pinned RAM, auto device
+    python -m offload_core.tools.demo --tier disk --disk-path /nvme/ferry --size-gb 8
+    python -m offload_core.tools.demo --level leaf --tier ram --device cpu --size-gb 0.5
 
 Every offloaded output is checked against the resident output with torch.equal.
 """
@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from .apply import apply_offload
+from ..api import apply_offload
+from ..errors import FerryError
+from ..model.plan import resolve_device
+from ..policy import OffloadPolicy
+from ..runtime.memory import PeakRssSampler, ProcessMemory, device_memory, fmt_bytes
 from .demo_model import build_demo_model, demo_inputs
-from .errors import FerryError
-from .memory import PeakRssSampler, ProcessMemory, device_memory, fmt_bytes
-from .plan import resolve_device
-from .policy import OffloadPolicy
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -83,7 +83,7 @@ def run_demo(args: argparse.Namespace, echo: Callable[[str], Any] = print) -> li
     echo(f"building a {args.size_gb:g} GB {args.dtype} demo DiT (seed {args.seed}) ...")
     model = build_demo_model(args.size_gb, dtype, seed=args.seed)
     if args.quant and args.quant != "none":
-        from .quant import quantize_model
+        from ..quant import quantize_model
 
         echo(f"quantizing with {args.quant} ...")
         quantize_model(model, args.quant, device=device)
@@ -187,7 +187,7 @@ def format_table(rows: list[Row], baseline: float, forwards: int) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m offload_core.demo", description=__doc__.split("\n")[0]
+        prog="python -m offload_core.tools.demo", description=__doc__.split("\n")[0]
     )
     p.add_argument("--size-gb", type=float, default=2.0, help="model size in GB (default 2)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")

@@ -1,4 +1,5 @@
-"""The safetensors file format, read and written one tensor at a time.
+"""The safetensors format: Ferry's one codec (one dtype table, a header parser with bounds
+checks), read and written one tensor at a time.
 
 Why not the safetensors package: ``load_file`` gives the whole file at once, and ``save_file``
 serialises every tensor into one in-memory buffer first, so both hold a full copy of the model
@@ -35,13 +36,21 @@ DTYPES: dict[str, torch.dtype] = {
     "I8": torch.int8,
     "U8": torch.uint8,
     "BOOL": torch.bool,
+    "U16": torch.uint16,
+    "U32": torch.uint32,
+    "U64": torch.uint64,
+    "C64": torch.complex64,
 }
+if hasattr(torch, "float8_e8m0fnu"):
+    DTYPES["F8_E8M0"] = torch.float8_e8m0fnu
 NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 100 << 20  # the safetensors package's own limit
+#: Ferry's group files start their data section on a page boundary (direct I/O reads).
+PAGE = 4096
 
 
 @dataclass(frozen=True)
-class Entry:
+class StoredTensor:
     """One tensor in a file: where its bytes are (absolute file offsets)."""
 
     key: str
@@ -58,7 +67,7 @@ class Entry:
 @dataclass(frozen=True)
 class Header:
     path: str
-    entries: dict[str, Entry]
+    entries: dict[str, StoredTensor]
     metadata: dict[str, str]
     raw: bytes  # the header bytes as stored (hashed into the cache key)
     file_size: int
@@ -88,7 +97,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
         raise HeaderError(f"{path}: the header is not a JSON object")
     metadata = doc.pop("__metadata__", None) or {}
     base = 8 + n
-    entries: dict[str, Entry] = {}
+    entries: dict[str, StoredTensor] = {}
     for key, info in doc.items():
         try:
             dtype = DTYPES[info["dtype"]]
@@ -103,7 +112,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
             numel *= s
         if hi - lo != numel * dtype.itemsize or lo < 0 or base + hi > size:
             raise HeaderError(f"{path}: tensor {key!r} has offsets {lo}..{hi} that do not fit")
-        entries[key] = Entry(key, dtype, shape, base + lo, base + hi)
+        entries[key] = StoredTensor(key, dtype, shape, base + lo, base + hi)
     return Header(path, entries, dict(metadata), head + raw, size)
 
 
@@ -132,7 +141,7 @@ def byte_view(t: torch.Tensor) -> memoryview:
     return memoryview(buf).cast("B")
 
 
-def read_into(f: io.FileIO, entry: Entry, out: torch.Tensor) -> None:
+def read_into(f: io.FileIO, entry: StoredTensor, out: torch.Tensor) -> None:
     """Reads an entry's bytes into ``out`` (contiguous CPU, at least entry.nbytes long).
 
     ``f`` is unbuffered (``open(path, "rb", buffering=0)``): the kernel copies straight into
@@ -147,7 +156,7 @@ def read_into(f: io.FileIO, entry: Entry, out: torch.Tensor) -> None:
         got += n
 
 
-def read_new(f: io.FileIO, entry: Entry) -> torch.Tensor:
+def read_new(f: io.FileIO, entry: StoredTensor) -> torch.Tensor:
     """Reads an entry into a new tensor of its own (allocator-aligned, as a loaded weight is)."""
     out = torch.empty(entry.nbytes, dtype=torch.uint8)
     read_into(f, entry, out)
@@ -198,3 +207,35 @@ def write_file(
 
 def _write_all(f: BinaryIO, view: memoryview) -> None:
     f.write(view)
+
+
+def aligned_header(table: dict[str, Any], data_len: int, align: int = PAGE) -> bytes:
+    """A header for ``table`` (key -> {dtype, shape, data_offsets}, plus ``__metadata__``)
+    whose data section starts on an ``align`` boundary.
+
+    safetensors wants the data section fully covered, so the gaps between tensors (Ferry
+    places each at a 64-byte offset, as the allocator would) become ``U8`` padding tensors, and
+    the JSON is padded with spaces up to the boundary.
+    """
+    spans = sorted(
+        (info["data_offsets"][0], info["data_offsets"][1], key)
+        for key, info in table.items()
+        if key != "__metadata__"
+    )
+    full: dict[str, Any] = {"__metadata__": table.get("__metadata__", {})}
+    pos = 0
+    for start, end, key in spans:
+        if start > pos:
+            full[f"__ferry_pad_{pos}"] = _pad(pos, start)
+        full[key] = table[key]
+        pos = end
+    if pos < data_len:
+        full[f"__ferry_pad_{pos}"] = _pad(pos, data_len)
+    raw = json.dumps(full, separators=(",", ":")).encode()
+    total = (8 + len(raw) + align - 1) // align * align
+    raw += b" " * (total - 8 - len(raw))
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _pad(start: int, end: int) -> dict[str, Any]:
+    return {"dtype": "U8", "shape": [end - start], "data_offsets": [start, end]}

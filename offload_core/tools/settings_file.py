@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .policy import OffloadPolicy
+from ..errors import ConfigError
+from ..policy import OffloadPolicy
 
 FORMAT_VERSION = 1
 ENV_VAR = "FERRY_SETTINGS"
@@ -54,7 +54,7 @@ def default_settings_path() -> Path:
 def known_quant_presets() -> tuple[str, ...]:
     """The preset names offload_core.quant offers (imported lazily: it pulls in torchao)."""
     try:
-        from .quant import PRESETS
+        from ..quant import PRESETS
     except ImportError:
         return _KNOWN_PRESETS_FALLBACK
     return tuple(PRESETS)

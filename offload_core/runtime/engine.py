@@ -29,11 +29,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .backend import Backend
-from .diskstore import ReadPlan, check_identity, read_chunk
-from .errors import FerryError
-from .grouping import GroupSpec
-from .mapped import MappedGroup
+from ..errors import FerryError
+from ..model.grouping import GroupSpec
+from ..sources.mapped import MappedGroup
+from ..sources.reads import ReadPlan, check_identity, read_chunk
+from ..transfer.backend import Backend
 from .stats import Counters
 
 log = logging.getLogger("ferry")

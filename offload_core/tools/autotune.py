@@ -9,7 +9,7 @@ when nothing fits it says which budget to raise.
 Every candidate is planned with ``plan_offload`` (nothing moves) before the first forward,
 so a bad disk path or an impossible grouping fails before minutes of work.
 
-    python -m offload_core.autotune --size-gb 0.05 --vram-budget-gb 4 --ram-budget-gb 16
+    python -m offload_core.tools.autotune --size-gb 0.05 --vram-budget-gb 4 --ram-budget-gb 16
 
 Peak VRAM is measured where the device reports it; on a CPU-only machine there is no VRAM,
 so the column shows what the plan would keep on the device (marked "planned").
@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
-from .apply import apply_offload
-from .errors import ConfigError, FerryError
-from .memory import PeakRssSampler, device_memory
-from .plan import plan_offload
-from .policy import GIB, BlockLevel, DiskTier, OffloadPolicy, RamTier, Tier
+from ..api import apply_offload
+from ..errors import ConfigError, FerryError
+from ..model.plan import plan_offload
+from ..policy import GIB, BlockLevel, DiskTier, OffloadPolicy, RamTier, Tier
+from ..runtime.memory import PeakRssSampler, device_memory
 
 #: Builds a fresh model and the keyword inputs of one forward: ``model(**inputs)``.
 ModelFactory = Callable[[], tuple[torch.nn.Module, dict[str, Any]]]
@@ -177,7 +177,7 @@ def candidate_policies(
     """
     tiers: list[Tier] = []
     if torch.device(onload_device).type != "cpu":
-        from .policy import PinnedRamTier
+        from ..policy import PinnedRamTier
 
         tiers.append(PinnedRamTier())
     tiers.append(RamTier())
@@ -359,7 +359,7 @@ def _measure(
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m offload_core.autotune", description=__doc__.split("\n\n")[0]
+        prog="python -m offload_core.tools.autotune", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("--size-gb", type=float, default=0.05, help="demo model size (default 0.05)")
     ap.add_argument("--tokens", type=int, default=64, help="tokens per forward (default 64)")

@@ -29,8 +29,8 @@ import mmap
 import sys
 from dataclasses import dataclass
 
-from .diskstore import ReadPlan, check_chunk, check_identity
-from .errors import CorruptGroupFileError
+from ..errors import CorruptGroupFileError
+from .reads import ReadPlan, check_chunk, check_identity
 
 #: Linux >= 5.14: fault the range in now (reading it from the disk), without touching it
 #: from user space. Older kernels answer EINVAL and get MADV_WILLNEED (asynchronous).

@@ -1,0 +1,207 @@
+"""The disk tier's files: a folder Ferry owns, one safetensors file per group.
+
+Rules that keep a user's data safe:
+- Ferry writes only inside ``<disk_path>/ferry-<name>/``, a folder it creates and marks with
+  ``.ferry-owned``; it never deletes a file it did not write, and refuses a folder of that name
+  that it did not create.
+- A group file is written to ``*.tmp`` and renamed only once complete and fsynced, so a crash or
+  a full disk never leaves a file that looks whole. The marker says "writing" until every group
+  is on disk; a folder left "writing" by a dead process is stale and is rewritten.
+- Every read is checked (reads.py, [Note: what is checked when]).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import DiskPathError
+from ..formats.safetensors import NAMES, aligned_header
+from ..model.layout import Entry
+from . import disk_folder
+from .reads import CHUNK, Chunk, ReadPlan, bytes_view, open_plan
+
+MARKER = ".ferry-owned"
+_GROUP_FILE = re.compile(r"^group-\d{5}\.safetensors(\.tmp)?$")
+
+#: Folders of live stores in this process: two offloads never share one.
+_IN_USE: set[str] = set()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _slug(name: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")
+    return s[:60] or "model"
+
+
+class GroupStore:
+    """The folder holding one offloaded model's group files."""
+
+    def __init__(self, folder: Path, stale_note: str | None) -> None:
+        self.direct_io = True
+        self.created_parents: list[Path] = []
+        self.folder = folder
+        self.stale_note = stale_note
+        self.written: list[Path] = []
+
+    @classmethod
+    def open(cls, disk_path: str, name: str, need_bytes: int) -> GroupStore:
+        """Checks and claims the folder before anything is written."""
+        root, created = disk_folder.make_root(disk_path)
+        folder, stale_note = _choose_folder(root, f"ferry-{_slug(name)}")
+        reclaim = _own_files_size(folder) if folder.exists() else 0
+        disk_folder.check_room(root, need_bytes, reclaim)
+        disk_folder.make_folder(root, folder)
+        store = cls(folder, stale_note)
+        store.created_parents = created
+        store._remove_own_files()
+        store._write_marker("writing")
+        _IN_USE.add(str(folder.resolve()))
+        return store
+
+    def _write_marker(self, state: str) -> None:
+        tmp = self.folder / (MARKER + ".tmp")
+        tmp.write_text(
+            json.dumps({"ferry": 1, "pid": os.getpid(), "state": state, "time": time.time()})
+        )
+        os.replace(tmp, self.folder / MARKER)
+
+    def mark_ready(self) -> None:
+        _fsync_dir(self.folder)
+        self._write_marker("ready")
+
+    def _remove_own_files(self) -> None:
+        for p in self.folder.iterdir():
+            if _GROUP_FILE.match(p.name):
+                p.unlink()
+
+    def write_group(self, index: int, entries: list[Entry], slab: torch.Tensor) -> ReadPlan:
+        """Writes ``slab`` (the group's packed bytes, on the CPU) as a safetensors file."""
+        path = self.folder / f"group-{index:05d}.safetensors"
+        tmp = path.with_name(path.name + ".tmp")
+        data = bytes_view(slab)
+        crcs = [zlib.crc32(data[o : o + CHUNK]) for o in range(0, len(data), CHUNK)]
+        header = group_header(entries, len(data), index, crcs)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(header)
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise DiskPathError(
+                    "disk_path",
+                    f"the disk filled up while writing {path.name} ({e.strerror}); nothing was "
+                    "lost and the model is resident again; free space or choose another disk_path",
+                ) from None
+            raise
+        self.written.append(path)
+        chunks = [
+            Chunk(len(header) + o, o, min(CHUNK, len(data) - o), c)
+            for o, c in zip(range(0, len(data), CHUNK), crcs)
+        ]
+        return open_plan(path, chunks, owned=True, direct=self.direct_io)
+
+    def delete(self) -> None:
+        """Deletes the files this store wrote, its marker, and the folder if then empty."""
+        _IN_USE.discard(str(self.folder.resolve()))
+        for p in self.written:
+            p.unlink(missing_ok=True)
+        self.written.clear()
+        if not self.folder.exists():
+            return
+        self._remove_own_files()
+        for n in (MARKER, MARKER + ".tmp"):
+            (self.folder / n).unlink(missing_ok=True)
+        for d in [self.folder, *self.created_parents]:
+            try:
+                d.rmdir()
+            except OSError:
+                break  # the user put something of theirs here: leave it
+
+
+def _choose_folder(root: Path, base: str) -> tuple[Path, str | None]:
+    """The first ``base[-n]`` folder that is free, or Ferry's own left by a dead run (then a
+    note says it is rewritten). Someone else's folder is never touched."""
+    for n in range(1, 1000):
+        folder = root / (base if n == 1 else f"{base}-{n}")
+        if str(folder.resolve()) in _IN_USE:
+            continue
+        if not folder.exists():
+            return folder, None
+        marker = _read_marker(folder)
+        if marker is None:
+            continue  # someone else's folder: never touch it, pick another name
+        pid = int(marker.get("pid", -1))
+        if pid != os.getpid() and _pid_alive(pid) and marker.get("state") == "ready":
+            continue  # a live process is using it
+        return folder, (
+            f"found files left by an earlier run in {folder} "
+            f"(state {marker.get('state')!r}, pid {pid}); rewriting them"
+        )
+    raise DiskPathError("disk_path", f"too many ferry-* folders in {root}; clean it up")
+
+
+def _own_files_size(folder: Path) -> int:
+    if _read_marker(folder) is None:
+        return 0
+    return sum(p.stat().st_size for p in folder.iterdir() if _GROUP_FILE.match(p.name))
+
+
+def _read_marker(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("ferry") == 1 else None
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def group_header(entries: list[Entry], data_len: int, index: int, crcs: list[int]) -> bytes:
+    """A safetensors header whose tensors sit at the slab's offsets (64-byte aligned), the
+    data section starting on a page boundary (formats.safetensors.aligned_header)."""
+    table: dict[str, Any] = {
+        "__metadata__": {
+            "ferry": "1",
+            "group": str(index),
+            "chunk": str(CHUNK),
+            "crc32": ",".join(map(str, crcs)),
+        }
+    }
+    for e in entries:
+        names = e.inner_names or ("",)
+        for part, inner in zip(e.parts, names):
+            key = e.qualname + (f".{inner}" if inner else "")
+            if part.contiguous and part.dtype in NAMES:
+                info = {"dtype": NAMES[part.dtype], "shape": list(part.size)}
+            else:
+                info = {"dtype": "U8", "shape": [part.nbytes]}
+            table[key] = {**info, "data_offsets": [part.offset, part.offset + part.nbytes]}
+    return aligned_header(table, data_len)
