@@ -165,9 +165,9 @@ def _ferry(
 # -- what-if rows: the engine patched in this (throw-away) process, to measure what an engine
 # change would bring before anyone makes it. Never part of the default table.
 def _what_if_read_threads(n: int) -> None:
-    from offload_core.runtime import engine
+    from offload_core.transfer import copies
 
-    engine.Engine.__init__.__defaults__ = (n,)
+    copies.Transfers.__init__.__defaults__ = (True, n)  # (slotted, read_threads)
 
 
 def _diffusers(

@@ -3,7 +3,7 @@
 Memory is real (CPU tensors, real copies, real reads from disk); streams and events are fakes
 whose every record / wait / synchronize, and every kernel that touches a slot, a staging
 buffer or a slab, is fed to ``torch.cuda._sanitizer.EventHandler``: the happens-before engine
-behind TORCH_CUDA_SANITIZER=1 (facts.md). The host is a pseudo-stream: a reader thread filling
+behind TORCH_CUDA_SANITIZER=1 (torch/cuda/_sanitizer.py). The host is a pseudo-stream: a reader thread filling
 a staging buffer is a kernel on it; ``host_wait(event)`` is an event synchronization.
 
 ``drop`` removes one of the engine's three waits so a test can show the checker has teeth:

@@ -147,7 +147,7 @@ def test_truncated_group_file_is_detected(tmp_path, cpu_read):
     for _ in range(2):  # and stays detected: never a wrong output
         with torch.no_grad(), pytest.raises(CorruptGroupFileError, match="apply it again"):
             model(**x)
-    handle._layout.store = None  # keep the evidence out of remove()'s way
+    handle._placement.store = None  # keep the evidence out of remove()'s way
     with pytest.raises(CorruptGroupFileError):
         handle.remove()
 

@@ -20,7 +20,7 @@ from offload_core import (
     RamTier,
     apply_offload,
 )
-from offload_core.transfer import backend as backend_mod
+from offload_core.transfer import streams as backend_mod
 from tests.helpers import make_model, snapshot, state_equal
 
 pytestmark = [

@@ -1,4 +1,4 @@
-"""The CPU disk path that computes straight from the group files' mapping (mapped.py), and
+"""The CPU disk path that computes straight from the group files' mapping (offload_core/sources/mapped.py), and
 when the chunk checksums are checked ([Note: what is checked when] in sources/reads.py)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from offload_core import (
     apply_offload,
 )
 from offload_core.sources import reads
-from offload_core.sources.mapped import can_map
+from offload_core.sources.mapped import MappedSource, can_map
 from offload_core.sources.reads import FileIdentity
 from tests.helpers import make_model, reference
 
@@ -48,7 +48,7 @@ def test_only_the_window_is_mapped_and_no_slot_is_allocated(tmp_path, level, dep
     handle = apply_offload(model, policy, onload_device="cpu")
     engine = handle._engine
     assert engine is not None and engine.slots == [], "a mapped group needs no slot"
-    assert all(g.mapped is not None for g in engine.groups)
+    assert all(isinstance(g.source, MappedSource) for g in engine.groups)
     largest = max(g.spec.nbytes for g in engine.groups)
     total = sum(g.spec.nbytes for g in engine.groups)
     seen: list[int] = []
@@ -92,7 +92,7 @@ def test_checksums_first_read_or_every_read(tmp_path, monkeypatch, cpu_read, ver
     model = make_model("fp32")
     tier = DiskTier(str(tmp_path), verify=verify, cpu_read=cpu_read)
     handle = apply_offload(model, OffloadPolicy(tier=tier), onload_device="cpu")
-    chunks = sum(len(g.plan.chunks) for g in handle._engine.groups)
+    chunks = sum(len(g.source.plan.chunks) for g in handle._engine.groups)
     calls = _count_crc(monkeypatch)
     per_forward = []
     with torch.no_grad():
@@ -127,11 +127,11 @@ def test_rot_under_an_unchanged_identity_is_caught_by_every_read(tmp_path):
     with torch.no_grad():
         assert torch.equal(model(**x), ref)
     g = handle._engine.groups[2]
-    _flip(g.plan.path)
-    g.plan.identity = FileIdentity.of(os.stat(g.plan.path))
+    _flip(g.source.plan.path)
+    g.source.plan.identity = FileIdentity.of(os.stat(g.source.plan.path))
     with torch.no_grad(), pytest.raises(CorruptGroupFileError, match="checksum"):
         model(**x)
-    handle._layout.store = None  # keep the evidence out of remove()'s way
+    handle._placement.store = None  # keep the evidence out of remove()'s way
     with pytest.raises(CorruptGroupFileError):
         handle.remove()
 
@@ -144,7 +144,7 @@ def test_a_write_while_the_group_computes_fails_the_forward(tmp_path):
     model = make_model("fp32")
     handle = apply_offload(model, OffloadPolicy(tier=DiskTier(str(tmp_path))), onload_device="cpu")
     g = handle._engine.groups[1]
-    target = g.plan.path
+    target = g.source.plan.path
     state = {"armed": True, "byte": 0}
 
     def tamper(*args):

@@ -27,10 +27,18 @@ from __future__ import annotations
 import errno
 import mmap
 import sys
-from dataclasses import dataclass
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from ..errors import CorruptGroupFileError
-from .reads import ReadPlan, check_chunk, check_identity
+from .reads import ReadPlan, check_chunk, check_identity, read_all
+
+if TYPE_CHECKING:
+    from ..transfer.backend import Backend
+    from ..transfer.buffers import Slot
+    from ..transfer.copies import Transfers
 
 #: Linux >= 5.14: fault the range in now (reading it from the disk), without touching it
 #: from user space. Older kernels answer EINVAL and get MADV_WILLNEED (asynchronous).
@@ -42,33 +50,47 @@ def can_map() -> bool:
     return sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED")
 
 
-@dataclass
-class MappedGroup:
+class MappedSource:
     """One group's own group file, mapped: ``length`` bytes from its first byte (the
     header's page is faulted in beside the data when the checksums are read, fault-around,
-    so it is dropped with it)."""
+    so it is dropped with it). See [Note: mapped groups]."""
 
-    plan: ReadPlan
-    mm: mmap.mmap
-    length: int
+    uses_slot = False
 
-    @classmethod
-    def of(cls, plan: ReadPlan, mm: mmap.mmap) -> MappedGroup:
-        return cls(plan, mm, max(c.file_offset + c.nbytes for c in plan.chunks))
+    def __init__(self, plan: ReadPlan, mm: mmap.mmap) -> None:
+        self.plan = plan
+        self.mm: mmap.mmap | None = mm
+        self.length = max(c.file_offset + c.nbytes for c in plan.chunks)
 
-    def load(self) -> int:
-        """Brings the group's pages in (a reader thread); returns the bytes it covers."""
+    def load(self, transfers: Transfers, slot: Slot | None, step: int) -> Future[Any]:
+        return transfers.run_read(self.plan.nbytes, self._fault_in)
+
+    def discard(self) -> None:
+        self.unmap()
+
+    def host_bytes(self, nbytes: int) -> torch.Tensor:
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        read_all(self.plan, buf)
+        return buf
+
+    def close(self, backend: Backend) -> None:
+        # The mapping goes with the last view of it (the file's space too): drop ours.
+        self.mm = None
+        self.plan.close()
+
+    def _fault_in(self) -> None:
+        """Brings the group's pages in (a reader thread), checked."""
         changed = check_identity(self.plan)
         if self.plan.needs_checksums(changed):
             self._verify()  # reading every byte for the checksums faults the pages in too
         else:
             self._populate()
         self.plan.accept(changed)
-        return self.plan.nbytes
 
     def unmap(self) -> None:
-        """Drops the group's pages from the process (a load that will not be used)."""
-        self.mm.madvise(mmap.MADV_DONTNEED, 0, self.length)
+        """Drops the group's pages from the process."""
+        if self.mm is not None:
+            self.mm.madvise(mmap.MADV_DONTNEED, 0, self.length)
 
     def release(self) -> None:
         """After the group's forward: unmap its pages, then make sure nobody wrote the file
@@ -83,6 +105,7 @@ class MappedGroup:
 
     def _verify(self) -> None:
         # The size was checked first (check_identity), so every chunk lies inside the file.
+        assert self.mm is not None
         view = memoryview(self.mm)
         try:
             for c in self.plan.chunks:
@@ -91,6 +114,7 @@ class MappedGroup:
             view.release()
 
     def _populate(self) -> None:
+        assert self.mm is not None
         try:
             self.mm.madvise(MADV_POPULATE_READ, 0, self.length)
         except OSError as e:

@@ -1,0 +1,44 @@
+"""The one interface every kind of weight source implements.
+
+A source is where one group's bytes wait while the group is not computing. The engine knows
+sources only through this interface; which source a group gets is decided in one place,
+sources/placement.py. docs/architecture.md says how to add one.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from ..transfer.backend import Backend
+    from ..transfer.buffers import Slot
+    from ..transfer.copies import Transfers
+
+
+class WeightSource(Protocol):
+    #: False for a source the group computes from in place (a mapped file): no slot.
+    uses_slot: bool
+
+    def load(self, transfers: Transfers, slot: Slot | None, step: int) -> Future[Any]:
+        """Starts bringing the group's bytes in (into ``slot`` when ``uses_slot``); returns
+        the future of the ready-event compute waits on (None: nothing to wait on)."""
+        ...
+
+    def release(self) -> None:
+        """The group's forward returned and it no longer computes from its bytes."""
+        ...
+
+    def discard(self) -> None:
+        """A load that finished but will not be used (a misprediction, an abort)."""
+        ...
+
+    def host_bytes(self, nbytes: int) -> torch.Tensor:
+        """The group's slab (``nbytes``), readable by ``copy_``: to restore the model."""
+        ...
+
+    def close(self, backend: Backend) -> None:
+        """After restore: give back what the source holds (pinned memory, descriptors)."""
+        ...

@@ -1,0 +1,220 @@
+"""The copies into device slots, and the three waits that make them safe.
+
+[Note: the three waits]
+A device slot is written by the copy stream and read by the compute stream; a pinned staging
+buffer is written by the host (a reader thread) and read by the copy stream. Three waits keep
+that safe, all issued in this file, and nothing else on the hot path blocks:
+  1. ``wait_ready``: compute waits on the load's ready-event before a group's forward reads
+     the slot;
+  2. ``_copy``: the copy stream waits on the compute-done event of the slot's previous group
+     (``Slot.free``) before it overwrites the slot;
+  3. ``_staged_read``: the host waits on the last copy out of a staging buffer
+     (``Staging.free``) before it refills it.
+Each event is recorded on the stream that did the work, and the consumer's stream is looked
+up when the wait is issued, never cached (the caller may run the model under its own stream).
+A load's ready-event always travels as a ``Future`` beside its slot (``runtime.engine.Load``):
+resolved at once for a copy from a host slab, by a reader thread for a disk read.
+On a CPU (``backend.synchronous``) there are no events: a reader thread fills the slot itself,
+which is safe because the slot's last reader returned before the load was issued.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import torch
+
+from ..runtime.stats import Counters
+from ..sources.reads import ReadPlan, check_identity, read_chunk
+from .backend import Backend
+from .buffers import Slot, Staging
+
+log = logging.getLogger("ferry")
+
+
+def resolved(value: Any) -> Future[Any]:
+    done: Future[Any] = Future()
+    done.set_result(value)
+    return done
+
+
+class Transfers:
+    """The copy side of one offload: its slots, staging ring, reader threads and timings."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        counters: Counters,
+        n_buffers: int,
+        slot_bytes: int,
+        staged: bool,
+        slotted: bool = True,
+        read_threads: int = 4,
+    ) -> None:
+        self.backend = backend
+        self.counters = counters
+        self.read_threads = read_threads
+        self.n_buffers = n_buffers  # prefetch depth + 1: one reader per load in flight
+        self.slots: list[Slot] = []
+        if slotted:
+            self.slots = [Slot(i, backend.empty_device(slot_bytes)) for i in range(n_buffers)]
+        self.stagings: list[Staging] = []
+        if staged and self.slots and not backend.synchronous:
+            self.stagings = [
+                Staging(backend.empty_host(slot_bytes, pinned=backend.can_pin))
+                for _ in range(n_buffers)
+            ]
+        self._group_pool: ThreadPoolExecutor | None = None
+        self._chunk_pool: ThreadPoolExecutor | None = None
+        self._timings: list[tuple[str, Any, Any]] = []
+        self._timings_lock = threading.Lock()
+
+    def slot_for(self, step: int) -> Slot:
+        return self.slots[step % len(self.slots)]
+
+    # -- loads: each returns the future of the slot's ready-event --------------------------
+    def copy_slab(self, slot: Slot, slab: torch.Tensor, nbytes: int) -> Future[Any]:
+        """A host slab (pinned or plain RAM) into ``slot``."""
+        return resolved(self._copy(slot, slab, nbytes, slot.free))
+
+    def read_file(self, plan: ReadPlan, slot: Slot, step: int) -> Future[Any]:
+        """A group's bytes from a file into ``slot``: straight in on a CPU, else through the
+        staging buffer this step owns."""
+        if self.backend.synchronous:
+            buf = slot.buf
+            return self._pool().submit(self.backend.host_fill, buf, lambda: self.read(plan, buf))
+        staging = self.stagings[step % len(self.stagings)]
+        # Read here, on the engine's thread: see [Note: the three waits] (wait 3).
+        staging_free, slot_free = staging.free, slot.free
+        return self._pool().submit(self._staged_read, plan, staging, staging_free, slot, slot_free)
+
+    def run_read(self, nbytes: int, read: Callable[[], None]) -> Future[Any]:
+        """A read that needs no slot (a mapped group faulting its pages in); no event."""
+        return self._pool().submit(self._timed_read, nbytes, read)
+
+    def wait_ready(self, ready: Future[Any]) -> None:
+        """Wait 1: the compute stream waits for the load; the host waits only for a reader
+        thread that has not yet issued the copy."""
+        t0 = time.perf_counter()
+        event = ready.result()
+        waited = time.perf_counter() - t0
+        if event is not None:
+            b = self.backend
+            compute = b.compute_stream()
+            pair = b.timing_pair()
+            if pair is not None:
+                compute.record_event(pair[0])
+            b.wait(compute, event)
+            if pair is not None:
+                compute.record_event(pair[1])
+                self._timed("stall", pair)
+        self.counters.add(stall_s=waited, group_loads=1)
+
+    def slot_done(self, slot: Slot) -> None:
+        """The group computing from ``slot`` is done with it (as far as the host issues)."""
+        slot.free = self.backend.record(self.backend.compute_stream())
+
+    # -- the work ---------------------------------------------------------------------------
+    def _copy(self, slot: Slot, src: torch.Tensor, nbytes: int, slot_free: Any) -> Any:
+        b = self.backend
+        stream = b.copy_stream()
+        with b.use_stream(stream):
+            if slot_free is not None:
+                b.wait(stream, slot_free)  # wait 2: the slot's last reader is done
+            pair = b.timing_pair()
+            t0 = time.perf_counter()
+            if pair is not None:
+                stream.record_event(pair[0])
+            b.copy(slot.buf[:nbytes], src[:nbytes])
+            ready = b.record(stream)
+            if pair is not None:
+                stream.record_event(pair[1])
+                self._timed("h2d", pair)
+                self.counters.add(bytes_h2d=nbytes)
+            else:
+                spent = time.perf_counter() - t0
+                self.counters.add(bytes_h2d=nbytes, h2d_s=spent)
+                if b.synchronous:
+                    self.counters.add(stall_s=spent)  # a CPU copy blocks compute: stall
+        return ready
+
+    def _staged_read(
+        self, plan: ReadPlan, staging: Staging, staging_free: Any, slot: Slot, slot_free: Any
+    ) -> Any:
+        if staging_free is not None:
+            self.backend.host_wait(staging_free)  # wait 3: the last copy out of it is done
+        self.backend.host_fill(staging.buf, lambda: self.read(plan, staging.buf))
+        ready = self._copy(slot, staging.buf, plan.span, slot_free)
+        staging.free = ready  # the buffer travels with its event
+        return ready
+
+    def read(self, plan: ReadPlan, buf: torch.Tensor) -> None:
+        """Every chunk of ``plan`` into ``buf`` on the reader threads, checked as
+        [Note: what is checked when] (sources/reads.py) says."""
+        t0 = time.perf_counter()
+        changed = check_identity(plan)
+        verify = plan.needs_checksums(changed)
+        futures = [self._chunks().submit(read_chunk, plan, c, buf, verify) for c in plan.chunks]
+        wait(futures)
+        for f in futures:
+            f.result()  # re-raises a truncated or corrupt chunk
+        plan.accept(changed)
+        self.counters.add(bytes_disk=plan.nbytes, disk_s=time.perf_counter() - t0)
+
+    def _timed_read(self, nbytes: int, read: Callable[[], None]) -> None:
+        t0 = time.perf_counter()
+        read()
+        self.counters.add(bytes_disk=nbytes, disk_s=time.perf_counter() - t0)
+
+    # -- device timings -----------------------------------------------------------------------
+    def _timed(self, kind: str, pair: tuple[Any, Any]) -> None:
+        with self._timings_lock:
+            self._timings.append((kind, pair[0], pair[1]))
+
+    def resolve_timings(self) -> None:
+        """Adds the device-timed intervals that have finished to the counters."""
+        with self._timings_lock:
+            pending, self._timings = self._timings, []
+        keep = []
+        for kind, start, end in pending:
+            if not end.query():
+                keep.append((kind, start, end))
+                continue
+            seconds = start.elapsed_time(end) / 1000.0
+            self.counters.add(**({"stall_s": seconds} if kind == "stall" else {"h2d_s": seconds}))
+        with self._timings_lock:
+            self._timings = keep + self._timings
+
+    def flush_timings(self) -> None:
+        if self._timings:
+            self.backend.host_wait(self.backend.record(self.backend.compute_stream()))
+            self.resolve_timings()
+
+    # -- threads ------------------------------------------------------------------------------
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._group_pool is None:
+            self._group_pool = ThreadPoolExecutor(self.n_buffers, thread_name_prefix="ferry-load")
+        return self._group_pool
+
+    def _chunks(self) -> ThreadPoolExecutor:
+        if self._chunk_pool is None:
+            self._chunk_pool = ThreadPoolExecutor(
+                self.read_threads, thread_name_prefix="ferry-read"
+            )
+        return self._chunk_pool
+
+    def close(self) -> None:
+        """After the engine is quiet: threads joined, buffers released."""
+        for pool in (self._group_pool, self._chunk_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._group_pool = self._chunk_pool = None
+        self.slots.clear()
+        for s in self.stagings:
+            self.backend.release_host(s.buf)
+        self.stagings.clear()
