@@ -76,9 +76,11 @@ def load_pack(repo: Path, scratch: Path) -> str:
     if not link.exists():
         link.symlink_to(repo.resolve(), target_is_directory=True)
     ok = asyncio.run(nodes.load_custom_node(str(link)))
-    if not ok or "FerryOffloadModel" not in nodes.NODE_CLASS_MAPPINGS:
+    node = nodes.NODE_CLASS_MAPPINGS.get("FerryOffloadModel")
+    if not ok or node is None:
         raise RuntimeError(f"ComfyUI did not load the Ferry pack from {link}")
-    return PACK_DIR_NAME
+    # ComfyUI names the package after the folder's path; its modules live under that name.
+    return str(node.__module__).rsplit(".nodes.", 1)[0]
 
 
 def load_model(path: str) -> Any:

@@ -45,6 +45,10 @@ def _init_(net: torch.nn.Module, seed: int) -> None:
             else:
                 fan_in = p[0].numel()
                 p.normal_(0.0, 1.0 / math.sqrt(fan_in), generator=gen)
+        # MMDiT's pos_embed is a buffer created with torch.empty: garbage (NaN) unless set.
+        for name, b in net.named_buffers():
+            if name.endswith("pos_embed"):
+                b.normal_(0.0, 0.02, generator=gen)
 
 
 def build_flux_dev(device: str) -> torch.nn.Module:
@@ -82,6 +86,9 @@ def write_model(comfy_dir: str, kind: str, out: Path) -> dict[str, Any]:
     from safetensors.torch import save_file
 
     device = "cuda" if kind == "flux-dev" and torch.cuda.is_available() else "cpu"
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = device == "cpu"  # before model_management imports: no CUDA probe
     t0 = time.perf_counter()
     net = build_flux_dev(device) if kind == "flux-dev" else build_sd3_tiny(device)
     torch.manual_seed(0)
