@@ -141,8 +141,6 @@ def ferry_stats(pack: str, patcher: Any) -> dict[str, Any] | None:
 def diffusers_patcher(patcher: Any, disk: Path | None) -> Any:
     """A clone whose load hands the diffusion model to diffusers' group offloading (once) and
     moves only the rest of the BaseModel (sigmas, ...) to the device."""
-    from diffusers.hooks import apply_group_offloading
-
     base = type(patcher)
 
     class DiffusersGroupPatcher(base):  # type: ignore[misc, valid-type]
@@ -158,15 +156,7 @@ def diffusers_patcher(patcher: Any, disk: Path | None) -> Any:
         def load(self, device_to: Any = None, lowvram_model_memory: int = 0, *a: Any, **k: Any):
             dm = self.model.diffusion_model
             device = device_to if device_to is not None else self.load_device
-            if not getattr(dm, "_h2h_grouped", False):
-                stream = torch.device(device).type == "cuda"
-                apply_group_offloading(
-                    dm, onload_device=torch.device(device), offload_device=torch.device("cpu"),
-                    offload_type="block_level", num_blocks_per_group=1, use_stream=stream,
-                    record_stream=stream, non_blocking=stream,
-                    offload_to_disk_path=str(disk) if disk is not None else None,
-                )  # fmt: skip
-                dm._h2h_grouped = True
+            _group_once(dm, torch.device(device), disk)
             for m in self._outside():
                 m.to(device)
             self.model.device = device
@@ -190,6 +180,22 @@ def diffusers_patcher(patcher: Any, disk: Path | None) -> Any:
     n = patcher.clone()
     n.__class__ = DiffusersGroupPatcher
     return n
+
+
+def _group_once(dm: torch.nn.Module, device: torch.device, disk: Path | None) -> None:
+    """diffusers' block-level group offloading, applied the first time the model loads."""
+    from diffusers.hooks import apply_group_offloading
+
+    if getattr(dm, "_h2h_grouped", False):
+        return
+    stream = device.type == "cuda"
+    apply_group_offloading(
+        dm, onload_device=device, offload_device=torch.device("cpu"),
+        offload_type="block_level", num_blocks_per_group=1, use_stream=stream,
+        record_stream=stream, non_blocking=stream,
+        offload_to_disk_path=str(disk) if disk is not None else None,
+    )  # fmt: skip
+    dm._h2h_grouped = True  # type: ignore[assignment]
 
 
 def conditioning(info: dict[str, Any], seed: int) -> list[Any]:
