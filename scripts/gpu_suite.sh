@@ -3,6 +3,10 @@
 #   bash scripts/gpu_suite.sh              tests, sanitizer run, benchmark (all)
 #   bash scripts/gpu_suite.sh tests        the GPU tests and the TORCH_CUDA_SANITIZER run only
 #   bash scripts/gpu_suite.sh bench [ARGS] the benchmark only (ARGS go to python -m bench.compare)
+#   bash scripts/gpu_suite.sh h2h [ARGS]   the head-to-head only (ARGS go to python -m bench.h2h):
+#       Ferry vs ComfyUI core vs diffusers, KSampler on one model, VRAM capped at 12 and 24 GB.
+#       Real ComfyUI when FERRY_COMFYUI names a source tree (scripts/carry_prepare.sh makes
+#       .comfyui/); it resumes: run it again in the next 10-minute call until nothing is left.
 # Everything it prints is also written under bench/results/ (and copied to $OUT when set).
 #
 # Python: $FERRY_PY, else .venv-bench/bin/python (made by `bash bench/run.sh --setup-only`),
@@ -11,19 +15,22 @@
 # are installed from there, offline. Without them the diffusers rows say "not installed".
 #
 # Without CUDA it runs the CPU part (the GPU test files, which skip, and the CPU stream-order
-# test that drives PyTorch's CUDA-Sanitizer engine), says "no GPU", and exits 0.
+# test that drives PyTorch's CUDA-Sanitizer engine) and the head-to-head's dry run at a tiny
+# size (same pipeline, same table), says "no GPU" once, and exits 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-all}
 [ $# -gt 0 ] && shift
-case "$part" in all|tests|bench) ;; *) echo "usage: bash scripts/gpu_suite.sh [all|tests|bench] [bench args]" >&2; exit 2 ;; esac
+case "$part" in all|tests|bench|h2h) ;; *) echo "usage: bash scripts/gpu_suite.sh [all|tests|bench|h2h] [args]" >&2; exit 2 ;; esac
 
 if [ -n "${FERRY_PY:-}" ]; then py=$FERRY_PY
 elif [ -x .venv-bench/bin/python ]; then py=.venv-bench/bin/python
 else py=python3
 fi
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then
+gpu=$("$py" -c 'import torch; print(torch.cuda.get_device_name().replace(" ", "-") if torch.cuda.is_available() else "")' 2>/dev/null)
+# The carried wheels are built for the lent machine's Python 3.12: install them only there.
+if [ -n "$gpu" ] && ls .whl/*.whl >/dev/null 2>&1; then
   echo "gpu-suite: installing carried wheels from .whl/ into /tmp/ferry-site (offline)"
   "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/ferry-site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/ferry-site"
@@ -31,7 +38,6 @@ fi
 
 results=bench/results
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
-gpu=$("$py" -c 'import torch; print(torch.cuda.get_device_name().replace(" ", "-") if torch.cuda.is_available() else "")' 2>/dev/null)
 status=0
 
 run() {  # run NAME CMD...: tee the output to bench/results/<stamp>-NAME.txt
@@ -46,8 +52,14 @@ run() {  # run NAME CMD...: tee the output to bench/results/<stamp>-NAME.txt
 }
 
 if [ -z "$gpu" ]; then
-  echo "== cpu part: $py -m pytest tests/test_gpu.py tests/test_stream_ordering.py"
-  "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_stream_ordering.py || status=$?
+  if [ "$part" = all ] || [ "$part" = tests ]; then
+    echo "== cpu part: $py -m pytest tests/test_gpu.py tests/test_stream_ordering.py"
+    "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_stream_ordering.py || status=$?
+  fi
+  if [ "$part" = all ] || [ "$part" = h2h ]; then
+    echo "== h2h dry run: $py -m bench.h2h --steps 2 --fresh $*"
+    "$py" -m bench.h2h --steps 2 --fresh --workdir "${FERRY_H2H_DIR:-/tmp/ferry-h2h-dry}" "$@" || status=$?
+  fi
   echo
   echo "gpu-suite: no GPU (torch.cuda.is_available() is False with $py): ran the CPU part only; the GPU tests, the sanitizer run and the GPU benchmark need a CUDA device."
   exit "$status"
@@ -68,6 +80,13 @@ if [ "$part" = all ] || [ "$part" = bench ]; then
   # 10-minute call, run one size per call: bench --model flux --tokens 4096 --txt-tokens 512
   report="$results/$stamp-bench-$gpu.md"
   run bench "$py" -m bench.compare --out "$report" "$@" || status=1
+  [ -n "${OUT:-}" ] && cp "$report" "$OUT/" 2>/dev/null
+fi
+if [ "$part" = all ] || [ "$part" = h2h ]; then
+  # Flux-dev-shaped (~12 B params, ~24 GB bf16, made on this GPU), 1024x1024, KSampler. One
+  # 10-minute call will not finish every row: each call resumes the rows left (--budget-s).
+  report="$results/h2h-$gpu.md"
+  run h2h "$py" -m bench.h2h --out "$report" "$@" || status=1
   [ -n "${OUT:-}" ] && cp "$report" "$OUT/" 2>/dev/null
 fi
 echo "gpu-suite: done, exit $status; results in $results/"

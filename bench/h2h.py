@@ -1,0 +1,242 @@
+"""Head to head: resident, ComfyUI core's partial loading, Ferry and diffusers group offloading
+sampling THE SAME model with the same sampler, VRAM capped like a consumer card.
+
+    python -m bench.h2h [--comfy DIR] [--caps 12,24] [--steps 4] [--out FILE]
+
+With ``--comfy`` (default: $FERRY_COMFYUI) every row runs real ComfyUI in process (KSampler on
+a model loaded by ``comfy.sd``: full-size Flux-dev-shaped on a GPU, a tiny SD3 on a CPU);
+without it, the ComfyUI rows are skipped and the others sample the bench model with an Euler
+loop. Each row is a fresh process (bench/h2h_worker.py); its result is kept in the workdir, so
+a second call (the next 10-minute slot on a lent GPU) resumes where the first stopped.
+On a CPU (the dry run) the "cap" is 85 % of the model's bytes, so the offload paths run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench import probes
+
+REPO = Path(__file__).resolve().parents[1]
+GB = 1e9
+CPU_CAP = 0.85  # the dry run's "VRAM" cap, as a share of the model's bytes
+COLUMNS = ("row", "cap", "s/step", "x resident", "peak VRAM", "peak RssAnon", "peak RssFile",
+           "H2D GB/s (/ pinned)", "disk GB/s (/ raw)", "equal")  # fmt: skip
+COMFY_ROWS = ("comfy-lowvram", "comfy-lowvram-async")
+ALL_ROWS = ("resident", *COMFY_ROWS, "ferry-pinned", "ferry-ram", "ferry-disk",
+            "diffusers-block", "diffusers-disk")  # fmt: skip
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--comfy", default=os.environ.get("FERRY_COMFYUI") or None)
+    p.add_argument("--comfy-python", default=os.environ.get("FERRY_COMFYUI_PYTHON") or None)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--caps", default="12,24", help="VRAM caps in GB (GPU); CPU: one tiny cap")
+    p.add_argument("--rows", default=",".join(ALL_ROWS))
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--workdir", default=os.environ.get("FERRY_H2H_DIR", "/tmp/ferry-h2h"))
+    p.add_argument("--out", default=None, help="also write the table here (markdown)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="start no new row after this many seconds (a lent GPU's call is 600 s)",
+    )
+    p.add_argument("--fresh", action="store_true", help="forget the rows done by earlier calls")
+    return p
+
+
+def comfy_python(args: argparse.Namespace) -> str:
+    if args.comfy_python:
+        return str(args.comfy_python)
+    venv = Path(args.comfy) / "venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def has_module(python: str, name: str) -> bool:
+    if python == sys.executable:
+        return importlib.util.find_spec(name) is not None
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
+    return subprocess.run([python, "-c", code], env=worker_env()).returncode == 0
+
+
+def worker_env() -> dict[str, str]:
+    parts = [str(REPO), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in parts if p)}
+    env.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+    return env
+
+
+def prepare_model(args: argparse.Namespace, python: str, wd: Path) -> dict[str, Any]:
+    """The model every row samples (made once per workdir) and what the worker needs of it."""
+    if args.comfy:
+        kind = "flux-dev" if args.device == "cuda" else "sd3-tiny"
+        path = wd / f"{kind}.safetensors"
+        if not path.exists():
+            cmd = [python, "-m", "bench.h2h_models", args.comfy, kind, str(path)]
+            subprocess.run(cmd, check=True, cwd=REPO, env=worker_env())
+        info = json.loads(path.with_suffix(".json").read_text())
+        return {"backend": "comfy", "model": str(path), "info": info, "bytes": info["bytes"]}
+    from bench import models
+
+    size = 4.0 if args.device == "cuda" else 0.02
+    spec = models.ModelSpec(kind="dit", dtype="bf16" if args.device == "cuda" else "fp32",
+                            size_gb=size)  # fmt: skip
+    path, inputs = wd / "plain-dit.safetensors", wd / "plain-dit-inputs.pt"
+    if not path.exists():
+        net = models.build_model(spec)
+        torch.save(
+            models.make_inputs(spec, models.InputSpec(tokens=64, txt_tokens=16), net), inputs
+        )
+        models.save_checkpoint(net, path)
+    info = {"kind": spec.label}
+    return {"backend": "plain", "model": str(path), "spec": spec.as_dict(), "inputs": str(inputs),
+            "info": info, "bytes": path.stat().st_size}  # fmt: skip
+
+
+def plan_rows(args: argparse.Namespace, prep: dict[str, Any], python: str):
+    """[(row, cap_bytes)] to run and [(row, why)] skipped."""
+    wanted = [r for r in args.rows.split(",") if r]
+    unknown = sorted(set(wanted) - set(ALL_ROWS))
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}; rows: {', '.join(ALL_ROWS)}")
+    skipped: list[tuple[str, str]] = []
+    if prep["backend"] == "plain":
+        skipped += [(r, "FERRY_COMFYUI unset (no ComfyUI)") for r in wanted if r in COMFY_ROWS]
+        wanted = [r for r in wanted if r not in COMFY_ROWS]
+    if not has_module(python, "diffusers"):
+        skipped += [(r, "diffusers not installed") for r in wanted if r.startswith("diffusers")]
+        wanted = [r for r in wanted if not r.startswith("diffusers")]
+    if args.device == "cuda":
+        caps = [int(float(c) * GB) for c in args.caps.split(",") if c]
+    else:
+        # The tiny model has 3 blocks: Ferry's streaming minimum (outside weights + 2 slots)
+        # is ~78 % of it, so a smaller cap would only test the budget check.
+        caps = [int(prep["bytes"] * CPU_CAP)]
+    todo = [("resident", None)] if "resident" in wanted else []
+    todo += [(r, c) for c in caps for r in wanted if r != "resident"]
+    return todo, skipped
+
+
+def run_row(args, prep, python, wd: Path, row: str, cap: int | None, pinned: float | None):
+    tag = f"{row}@{cap // 10**6 if cap else 'none'}"
+    result = wd / "rows" / f"{tag}.json"
+    if result.exists() and not args.fresh:
+        return json.loads(result.read_text())
+    result.parent.mkdir(parents=True, exist_ok=True)
+    budget = "auto" if args.device == "cuda" else f"{cap / 2**30:.6f}" if cap else "auto"
+    job = {**prep, "row": row, "device": args.device, "comfy_dir": args.comfy, "repo": str(REPO),
+           "workdir": str(wd / f"scratch-{tag}"), "steps": args.steps, "warm_steps": 1, "seed": 7,
+           "cap_bytes": cap, "ferry_budget": budget, "out": str(wd / "rows" / f"{tag}.pt"),
+           "result": str(result), "threads": None}  # fmt: skip
+    Path(job["workdir"]).mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    p = subprocess.run([python, "-m", "bench.h2h_worker", json.dumps(job)], cwd=REPO,
+                       env=worker_env(), capture_output=True, text=True)  # fmt: skip
+    if not result.exists():
+        tail = (p.stdout + p.stderr)[-3000:]
+        return {"row": row, "error": f"worker exit {p.returncode}: {tail}"}
+    out = json.loads(result.read_text())
+    out.update(cap=cap, tag=tag, wall_s=time.perf_counter() - t0, latent=job["out"])
+    if "error" in out:
+        out["log"] = (p.stdout + p.stderr)[-3000:]
+    result.write_text(json.dumps(out))
+    return out
+
+
+def equal_text(latent: str, resident: str | None) -> str:
+    if resident is None or not Path(latent).exists():
+        return "-"
+    a, b = torch.load(latent), torch.load(resident)
+    if a.shape == b.shape and torch.equal(
+        a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8)
+    ):
+        return "yes"  # bit-identical (NaN-safe: compares the bytes)
+    if a.shape != b.shape:
+        return f"NO (shape {tuple(a.shape)} vs {tuple(b.shape)})"
+    return f"NO (max abs diff {(a.float() - b.float()).abs().max().item():.2g})"
+
+
+def _gb(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def _rate(gbps: float | None, ceiling: float | None) -> str:
+    if gbps is None:
+        return "-"
+    return f"{gbps:.2f} ({gbps / ceiling:.2f})" if ceiling else f"{gbps:.2f}"
+
+
+def table(results: list[dict[str, Any]], pinned: float | None, raw: float | None) -> str:
+    res = next((r for r in results if r["row"] == "resident" and "error" not in r), None)
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in results:
+        cap = f"{r['cap'] / GB:.3g} GB" if r.get("cap") else "none"
+        if "error" in r:
+            lines.append(f"| {r['row']} | {cap} | FAILED: {r['error'].splitlines()[0][:150]} |")
+            continue
+        f = r.get("ferry") or {}
+        # H2D: Ferry's rate while copying (its counters); peers: bytes per step / s per step.
+        h2d = f.get("h2d_gbps") or (r["h2d_step"] / r["s_step"] / GB if r.get("h2d_step") else None)
+        disk = f.get("disk_gbps") or (r["disk_read_step"] / r["s_step"] / GB
+                                      if r.get("disk_read_step") else None)  # fmt: skip
+        x = f"{r['s_step'] / res['s_step']:.2f}" if res else "-"
+        eq = equal_text(r["latent"], res["latent"] if res else None) if r is not res else "yes"
+        if not r.get("latent_finite", True):
+            eq += " (latent has NaN/inf)"
+        cells = (r["row"], cap, f"{r['s_step']:.3f}", x, _gb(r.get("peak_vram")),
+                 _gb(r["rss_anon"]), _gb(r["rss_file"]), _rate(h2d, pinned), _rate(disk, raw), eq)  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    wd = Path(args.workdir)
+    wd.mkdir(parents=True, exist_ok=True)
+    python = comfy_python(args) if args.comfy else sys.executable
+    t0 = time.perf_counter()
+    prep = prepare_model(args, python, wd)
+    todo, skipped = plan_rows(args, prep, python)
+    pinned = probes.probe_pinned_h2d() if args.device == "cuda" else None
+    raw = probes.probe_disk(wd / "probe", 1 << 30 if args.device == "cuda" else 64 << 20).raw_gbps
+    print(f"h2h: {prep['info'].get('kind')} ({prep['bytes'] / GB:.3g} GB file), backend "
+          f"{prep['backend']}, device {args.device}, {args.steps} steps; pinned H2D "
+          f"{_rate(pinned, None)} GB/s, raw disk read {raw:.2f} GB/s", flush=True)  # fmt: skip
+    if args.device == "cpu":
+        print(f"h2h: dry run on the CPU: the cap is {CPU_CAP:.0%} of the model's bytes; ComfyUI's lowvram "
+              "rows get it through a shim (ComfyUI never partially loads onto a CPU)")  # fmt: skip
+    results, not_run = [], []
+    for row, cap in todo:
+        if time.perf_counter() - t0 > args.budget_s:
+            not_run.append(f"{row}@{cap}")
+            continue
+        r = run_row(args, prep, python, wd, row, cap, pinned)
+        print(f"h2h: {row} cap={cap}: " + ("FAILED " + r["error"][-800:] if "error" in r
+              else f"{r['s_step']:.3f} s/step"), flush=True)  # fmt: skip
+        results.append(r)
+    text = table(results, pinned, raw)
+    for row, why in skipped:
+        text += f"\nskipped {row}: {why}"
+    if not_run:
+        text += f"\nnot run (time budget; run again to resume): {', '.join(not_run)}"
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
