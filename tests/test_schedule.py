@@ -57,7 +57,7 @@ def test_steady_state_prefetches_every_group_and_wraps_into_the_next_forward(dep
     started, dropped, on_demand = run_forward(s, [0, 1, 2, 3, 4])
     assert dropped == [] and on_demand == 0
     # Every group of the first forward plus the next forward's first `depth` ones.
-    assert [p.group for p in started] == [0, 1, 2, 3, 4] + [0, 1, 2][:depth]
+    assert [p.group for p in started] == [0, 1, 2, 3, 4, *[0, 1, 2][:depth]]
     started2, dropped2, od2 = run_forward(s, [0, 1, 2, 3, 4])
     assert dropped2 == [] and od2 == 0
     assert [p.group for p in started2] == [(depth + k) % 5 for k in range(5)]
@@ -68,7 +68,7 @@ def test_steady_state_prefetches_every_group_and_wraps_into_the_next_forward(dep
 def test_a_forward_in_another_order_retraces_once_and_then_predicts_it():
     s = Schedule(4, 2)
     run_forward(s, [0, 1, 2, 3])
-    started, dropped, on_demand = run_forward(s, [0, 2, 1, 3])  # a different order
+    _, dropped, on_demand = run_forward(s, [0, 2, 1, 3])  # a different order
     assert on_demand >= 1 and dropped, "the misprediction dropped the window"
     assert s.order == [0, 2, 1, 3] and s.retraced == 1
     _, dropped, on_demand = run_forward(s, [0, 2, 1, 3])
