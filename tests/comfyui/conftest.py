@@ -88,6 +88,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         **os.environ,
         "FERRY_SETTINGS": str(base / "ferry-settings.json"),
         "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
+        # site/sitecustomize.py: stand-ins for torchvision and av where they are missing.
+        "FERRY_REPO": str(REPO),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(HERE / "site"), os.environ.get("PYTHONPATH", "")) if p
+        ),
     }
     log = base / "comfyui.log"
     cmd = [
