@@ -8,16 +8,20 @@ happens when ComfyUI loads the model for sampling.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import folder_paths
 from comfy_api.latest import io
 
-from ..offload_core import ConfigError
+from ..offload_core import ConfigError, DiskTier
+from ..offload_core.policy import DEFAULT_HEADROOM_GB
 from ..offload_core.tools.settings_file import default_settings_path, load_settings
 from .binding import OffloadBinding
 from .config import (
+    CPU_READ_CHOICES,
     LEVELS,
     TIERS,
+    VERIFY_CHOICES,
     FerryConfig,
     NodeInputError,
     as_node_error,
@@ -44,6 +48,89 @@ def settings_fingerprint() -> tuple[str, int, int]:
     return (str(p), st.st_mtime_ns, st.st_size)
 
 
+def _how_inputs() -> list[io.Input]:
+    """How the model is cut and where the rest of it waits."""
+    return [
+        io.Combo.Input(
+            "level",
+            options=list(LEVELS),
+            default="block",
+            tooltip="block: move whole transformer blocks (fast, the usual choice). "
+            "leaf: move layer by layer (least VRAM, more transfers).",
+        ),
+        io.Int.Input(
+            "blocks_per_group",
+            default=1,
+            min=1,
+            max=256,
+            tooltip="Blocks moved together (block level). More = fewer, larger copies "
+            "and more VRAM. Must not exceed the model's block count.",
+        ),
+        io.Combo.Input(
+            "tier",
+            options=list(TIERS),
+            default="pinned",
+            tooltip="Where offloaded weights wait: pinned = page-locked RAM (fastest "
+            "copies); ram = ordinary RAM; disk = files in disk_path (saves RAM).",
+        ),
+        io.String.Input(
+            "disk_path",
+            default="",
+            tooltip="Folder for the disk tier, ideally on an SSD/NVMe. Empty: ComfyUI's "
+            "temp folder. Ferry writes only its own ferry-* folder there.",
+        ),
+    ]
+
+
+def _memory_inputs() -> list[io.Input]:
+    """How much the GPU holds: look-ahead and the VRAM budget."""
+    return [
+        io.Int.Input(
+            "prefetch_depth",
+            default=1,
+            min=1,
+            max=8,
+            tooltip="Groups loaded ahead of the one computing. 1-2 hides most transfer "
+            "time; each extra one costs one group of VRAM.",
+        ),
+        io.String.Input(
+            "vram_budget",
+            default="auto",
+            tooltip="VRAM Ferry may use for weights: 'auto' keeps as many groups "
+            "resident as fit; a number of GB (e.g. 6); empty (or 0) streams every group "
+            "(least VRAM).",
+        ),
+    ]
+
+
+def _advanced_inputs() -> list[io.Input]:
+    """Rarer options, optional and last, so workflows saved before them still load: a missing
+    optional input takes its default (the same default execute() has)."""
+    disk = DiskTier("")
+    return [
+        io.Float.Input(
+            "headroom_gb", default=DEFAULT_HEADROOM_GB, min=0.0, max=1024.0, step=0.25,
+            optional=True, tooltip="With vram_budget 'auto': VRAM left free for activations "
+            "and the VAE.",
+        ),
+        io.Boolean.Input(
+            "direct_io", default=disk.direct_io, optional=True,
+            tooltip="Disk tier: read with O_DIRECT (no page-cache copy). Off: buffered reads, "
+            "faster only when the group files fit in RAM anyway.",
+        ),
+        io.Combo.Input(
+            "verify", options=list(VERIFY_CHOICES), default=disk.verify, optional=True,
+            tooltip="Disk tier: check the files' checksums on each group's first read, or on "
+            "every read (catches a disk that corrupts data later, costs CPU).",
+        ),
+        io.Combo.Input(
+            "cpu_read", options=list(CPU_READ_CHOICES), default=disk.cpu_read, optional=True,
+            tooltip="Disk tier on a CPU: mapped computes straight from the page cache; copy "
+            "reads each group into a buffer. On a GPU groups are always copied.",
+        ),
+    ]  # fmt: skip
+
+
 class FerryOffloadModel(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -64,49 +151,9 @@ class FerryOffloadModel(io.ComfyNode):
                     tooltip="On: use the settings saved in the Ferry panel (the sidebar's "
                     "'Open panel' button) and ignore the widgets below.",
                 ),
-                io.Combo.Input(
-                    "level",
-                    options=list(LEVELS),
-                    default="block",
-                    tooltip="block: move whole transformer blocks (fast, the usual choice). "
-                    "leaf: move layer by layer (least VRAM, more transfers).",
-                ),
-                io.Int.Input(
-                    "blocks_per_group",
-                    default=1,
-                    min=1,
-                    max=256,
-                    tooltip="Blocks moved together (block level). More = fewer, larger copies "
-                    "and more VRAM. Must not exceed the model's block count.",
-                ),
-                io.Combo.Input(
-                    "tier",
-                    options=list(TIERS),
-                    default="pinned",
-                    tooltip="Where offloaded weights wait: pinned = page-locked RAM (fastest "
-                    "copies); ram = ordinary RAM; disk = files in disk_path (saves RAM).",
-                ),
-                io.String.Input(
-                    "disk_path",
-                    default="",
-                    tooltip="Folder for the disk tier, ideally on an SSD/NVMe. Empty: ComfyUI's "
-                    "temp folder. Ferry writes only its own ferry-* folder there.",
-                ),
-                io.Int.Input(
-                    "prefetch_depth",
-                    default=1,
-                    min=1,
-                    max=8,
-                    tooltip="Groups loaded ahead of the one computing. 1-2 hides most transfer "
-                    "time; each extra one costs one group of VRAM.",
-                ),
-                io.String.Input(
-                    "vram_budget",
-                    default="auto",
-                    tooltip="VRAM Ferry may use for weights: 'auto' keeps as many groups "
-                    "resident as fit; a number of GB (e.g. 6); empty streams every group "
-                    "(least VRAM).",
-                ),
+                *_how_inputs(),
+                *_memory_inputs(),
+                *_advanced_inputs(),
             ],
             outputs=[io.Model.Output(tooltip="The same model; it loads through Ferry.")],
         )
@@ -151,6 +198,10 @@ class FerryOffloadModel(io.ComfyNode):
         disk_path: str,
         prefetch_depth: int,
         vram_budget: str,
+        headroom_gb: float = DEFAULT_HEADROOM_GB,
+        direct_io: bool = True,
+        verify: str = "first_read",
+        cpu_read: str = "mapped",
     ) -> io.NodeOutput:
         if use_panel_settings:
             policy = policy_from_panel(load_settings)
@@ -163,26 +214,36 @@ class FerryOffloadModel(io.ComfyNode):
                 prefetch_depth=prefetch_depth,
                 vram_budget=vram_budget,
                 default_disk_path=default_disk_path(),
+                headroom_gb=headroom_gb,
+                direct_io=direct_io,
+                verify=verify,
+                cpu_read=cpu_read,
             )
         config = FerryConfig(policy, name=_model_name(model))
         if not getattr(model, "patches", None):
             # Weights as in their file: the disk tier may read groups from it, not write copies.
             config = config.with_source_checkpoint(getattr(model, "ferry_source_checkpoint", None))
         out = ferry_clone(model, config)
-        base = out.model
-        # Validate against this model before any weight moves: grouping, block count, budget.
-        try:
-            plan = OffloadBinding.of(base, base.diffusion_model).plan(config, out.load_device)
-        except ConfigError as e:
-            raise as_node_error(e, panel=use_panel_settings) from None
-        if policy.tier_name == "disk":
-            try:
-                check_disk_folder(policy.tier.path, plan.offloaded_bytes)  # type: ignore[union-attr]
-            except NodeInputError as e:
-                if use_panel_settings:
-                    raise NodeInputError("use_panel_settings", f"the panel's {e}") from None
-                raise
+        _check_against_model(out, config, use_panel_settings)
         return io.NodeOutput(out)
+
+
+def _check_against_model(out: Any, config: FerryConfig, use_panel_settings: bool) -> None:
+    """Validates the policy against this model before any weight moves: grouping, block
+    count, budget, and room in the disk folder for the groups that will be written."""
+    base = out.model
+    try:
+        plan = OffloadBinding.of(base, base.diffusion_model).plan(config, out.load_device)
+    except ConfigError as e:
+        raise as_node_error(e, panel=use_panel_settings) from None
+    tier = config.policy.tier
+    if isinstance(tier, DiskTier):
+        try:
+            check_disk_folder(tier.path, plan.offloaded_bytes)
+        except NodeInputError as e:
+            if use_panel_settings:
+                raise NodeInputError("use_panel_settings", f"the panel's {e}") from None
+            raise
 
 
 def _model_name(model: object) -> str:
