@@ -179,13 +179,13 @@ def _advanced_disk_widgets() -> list[Any]:
     defaults = DiskTier("")
     with gr.Accordion("Advanced (disk tier)", open=False, elem_id="ferry-advanced"):
         direct_io = gr.Checkbox(
-            value=defaults.direct_io, label="Direct reads (O_DIRECT)", elem_id="ferry-direct-io",
-            info="Reads skip the page cache, leaving it to the rest of the machine. Off: "
+            value=defaults.direct_io, label="Unbuffered reads (skip the page cache)", elem_id="ferry-direct-io",
+            info="O_DIRECT: no page-cache copy, so the cache stays free for the rest of the machine. Off: "
             "buffered reads, faster only when the group files fit in RAM anyway.",
         )  # fmt: skip
         verify = gr.Radio(
             [("Once per group (first read)", "first_read"), ("Every read", "every_read")],
-            value=defaults.verify, label="Check the files' checksums", elem_id="ferry-verify",
+            value=defaults.verify, label="Verify checksums", elem_id="ferry-verify",
             info="Every read: catches a disk that corrupts data later, at some CPU cost.",
         )  # fmt: skip
         cpu_read = gr.Radio(
