@@ -8,7 +8,7 @@ from torch import nn
 
 from ..errors import GroupingError
 from ..policy import BlockLevel, Level
-from .layout import PAGE, Entry, align_up, entry_end, make_entry
+from .layout import PAGE, Entry, align_up, entry_end, make_entry, tensor_nbytes
 
 
 @dataclass
@@ -162,7 +162,7 @@ def build_grouping(model: nn.Module, level: Level) -> Grouping:
     for m, attr, is_param in resident:
         t = (m._parameters if is_param else m._buffers)[attr]
         if t is not None:
-            uniq[id(t)] = _nbytes(t)
+            uniq[id(t)] = tensor_nbytes(t)
     return Grouping(groups, resident, sum(uniq.values()), longest)
 
 
@@ -170,12 +170,3 @@ def _is_subclass(t: object) -> bool:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     return is_traceable_wrapper_subclass(t)
-
-
-def _nbytes(t: object) -> int:
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-    if is_traceable_wrapper_subclass(t):
-        names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
-        return sum(_nbytes(getattr(t, n)) for n in names)
-    return int(t.numel() * t.element_size())  # type: ignore[attr-defined]

@@ -12,6 +12,7 @@ from ..errors import AlreadyOffloadedError, ConfigError
 from ..policy import AUTO, DiskTier, OffloadPolicy, RamTier
 from ..runtime.memory import fmt_bytes
 from .grouping import Grouping, build_grouping
+from .layout import tensor_nbytes
 
 
 @dataclass(frozen=True)
@@ -195,12 +196,10 @@ def plan_offload(
 
 
 def _bytes_on(model: nn.Module, device: torch.device) -> int:
-    from .grouping import _nbytes
-
     seen: dict[int, int] = {}
     for t in [*model.parameters(), *model.buffers()]:
         if t.device.type == device.type:
-            seen[id(t)] = _nbytes(t)
+            seen[id(t)] = tensor_nbytes(t)
     return sum(seen.values())
 
 

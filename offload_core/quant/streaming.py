@@ -16,6 +16,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..formats.safetensors import Header, StoredTensor, read_into, read_new
+from ..model.layout import tensor_nbytes
 from .model_tensors import module_slots, place, state_names
 from .presets import Preset
 from .quantize import move_direct, quantize_linear
@@ -98,7 +99,7 @@ def stream_quantize(
                 meta = s.get()
                 if not s.persistent:  # built for real by the factory, not in checkpoints
                     continue
-                before += meta.numel() * meta.element_size()
+                before += tensor_nbytes(meta)
                 if s.attr == "weight":
                     weight_id = id(meta)
                 if id(meta) in placed:  # tied: choose_layers never quantizes a shared weight
