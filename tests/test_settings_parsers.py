@@ -138,7 +138,9 @@ def folder_verdicts(path: str) -> dict[str, Any]:
         return "ok" if check.ok else REJECTED
 
     def api() -> str:
-        oc.apply_offload(model, oc.OffloadPolicy(tier=oc.DiskTier(path)), onload_device="cpu").remove()
+        oc.apply_offload(
+            model, oc.OffloadPolicy(tier=oc.DiskTier(path)), onload_device="cpu"
+        ).remove()
         return "ok"
 
     return {

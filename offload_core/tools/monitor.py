@@ -194,7 +194,9 @@ class Monitor:
                 if first:
                     self._failed_listeners.append(fn)
             if first:
-                log.warning("ferry monitor: listener %r failed; sampling goes on", fn, exc_info=True)
+                log.warning(
+                    "ferry monitor: listener %r failed; sampling goes on", fn, exc_info=True
+                )
             else:
                 log.debug("ferry monitor: listener %r failed again", fn)
 

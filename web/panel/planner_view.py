@@ -99,7 +99,9 @@ def planner_event(ctx: PanelContext, vram_gb: Any, ram_gb: Any, size_gb: Any, di
 def save_recommended(ctx: PanelContext, best: dict[str, Any] | None, quant: str) -> list[Any]:
     """Saves the recommended plan (keeping the chosen quantization) and fills the settings form."""
     if not best:
-        return [gr.skip()] * len(Form._fields) + ["✖ Nothing to save yet: run the planner first (or no plan fit)."]
+        return [gr.skip()] * len(Form._fields) + [
+            "✖ Nothing to save yet: run the planner first (or no plan fit)."
+        ]
     try:
         settings = PanelSettings(OffloadPolicy.from_dict(best), quant or "none")
         path = ctx.save(settings)
