@@ -3,8 +3,8 @@
 Memory: a weight that will be quantized is read into one reused staging buffer (sized for the
 largest such weight); torchao writes its quantized copy into new tensors and the staging
 buffer is overwritten by the next layer. Every tensor kept as it is gets its own allocation
-(allocator-aligned: a weight used in place at a file offset computes different low bits,
-facts.md). So RAM holds the quantized model so far plus about one full-precision layer.
+(allocator-aligned: kernels choose their vectorised paths from the data pointer's alignment,
+so a weight used in place at an arbitrary file offset computes different low bits). So RAM holds the quantized model so far plus about one full-precision layer.
 """
 
 from __future__ import annotations
