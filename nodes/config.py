@@ -7,20 +7,20 @@ A ConfigError from offload_core names a *setting* ("vram_budget_gb"); a user see
 
 from __future__ import annotations
 
-import math
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
-from ..offload_core.runtime.memory import fmt_bytes
+from ..offload_core.policy import DEFAULT_HEADROOM_GB
+from ..offload_core.sources import disk_folder
 
 # Widget ids of "Ferry Offload Model". Stable forever: saved workflows refer to them.
 LEVELS = ("block", "leaf")
 TIERS = ("pinned", "ram", "disk")
+VERIFY_CHOICES = ("first_read", "every_read")
+CPU_READ_CHOICES = ("mapped", "copy")
 
 # offload_core setting name -> the widget a user changes to fix it.
 _WIDGET_FOR_SETTING = {
@@ -32,8 +32,11 @@ _WIDGET_FOR_SETTING = {
     "prefetch_depth": "prefetch_depth",
     "vram_budget": "vram_budget",
     "vram_budget_gb": "vram_budget",
-    "headroom_bytes": "vram_budget",
-    "headroom_gb": "vram_budget",
+    "headroom_bytes": "headroom_gb",
+    "headroom_gb": "headroom_gb",
+    "direct_io": "direct_io",
+    "verify": "verify",
+    "cpu_read": "cpu_read",
     "quant_preset": "quant_preset",
 }
 
@@ -63,25 +66,6 @@ def as_node_error(err: ConfigError, *, panel: bool = False) -> NodeInputError:
     return NodeInputError(_WIDGET_FOR_SETTING.get(err.setting, err.setting), msg)
 
 
-def parse_vram_budget(text: Any) -> float | str | None:
-    """'auto' | '' / 'none' (stream every group) | a number of GB -> the policy's flat form."""
-    raw = str(text if text is not None else "").strip().lower()
-    if raw in ("", "none", "off", "0"):
-        return None
-    if raw == "auto":
-        return "auto"
-    try:
-        gb = float(raw.removesuffix("gb").strip())
-    except ValueError:
-        raise NodeInputError(
-            "vram_budget",
-            f"{text!r} is not 'auto', empty, or a number of GB (e.g. 6 or 7.5)",
-        ) from None
-    if not math.isfinite(gb) or gb <= 0:
-        raise NodeInputError("vram_budget", f"must be more than 0 GB, got {text!r}")
-    return gb
-
-
 def policy_from_inputs(
     *,
     level: str,
@@ -91,16 +75,29 @@ def policy_from_inputs(
     prefetch_depth: int,
     vram_budget: str,
     default_disk_path: str | None = None,
+    headroom_gb: float = DEFAULT_HEADROOM_GB,
+    direct_io: bool = True,
+    verify: str = "first_read",
+    cpu_read: str = "mapped",
 ) -> OffloadPolicy:
-    """The policy the widgets describe, validated. Raises NodeInputError naming a widget."""
+    """The policy the widgets describe, validated. Raises NodeInputError naming a widget.
+
+    The raw widget values go to ``OffloadPolicy.from_dict``, which runs each setting's one
+    parser (the panel and the settings file use the same ones).
+    """
     path = (disk_path or "").strip() or default_disk_path
+    disk = tier == "disk"
     flat = {
         "level": level,
         "blocks_per_group": blocks_per_group,
         "tier": tier,
-        "disk_path": path if tier == "disk" else None,
+        "disk_path": path if disk else None,
+        "direct_io": direct_io if disk else None,
+        "verify": verify if disk else None,
+        "cpu_read": cpu_read if disk else None,
         "prefetch_depth": prefetch_depth,
-        "vram_budget_gb": parse_vram_budget(vram_budget),
+        "vram_budget_gb": vram_budget,
+        "headroom_gb": headroom_gb,
     }
     try:
         return OffloadPolicy.from_dict(flat)
@@ -117,37 +114,12 @@ def policy_from_panel(load: Callable[[], Any]) -> OffloadPolicy:
 
 
 def check_disk_folder(path: str, need_bytes: int | None = None) -> Path:
-    """Read-only check of the disk tier's folder (creates nothing): usable and roomy enough."""
-    raw = (path or "").strip()
-    if not raw:
-        raise NodeInputError("disk_path", "the disk tier needs a folder on a fast disk (SSD/NVMe)")
-    try:
-        p = Path(raw).expanduser()
-        if not p.is_absolute():
-            raise NodeInputError(
-                "disk_path", f"use a full path (e.g. /mnt/nvme/ferry), not {raw!r}"
-            )
-        if p.exists() and not p.is_dir():
-            raise NodeInputError("disk_path", f"{p} is a file; give a folder")
-        anchor = p
-        while not anchor.exists() and anchor.parent != anchor:
-            anchor = anchor.parent
-        if not anchor.is_dir():
-            raise NodeInputError("disk_path", f"{anchor} is a file, so {p} cannot be created")
-        if not os.access(anchor, os.W_OK | os.X_OK):
-            raise NodeInputError("disk_path", f"{anchor} is not writable by this user")
-        free = shutil.disk_usage(anchor).free
-    except (OSError, ValueError) as e:
-        if isinstance(e, NodeInputError):
-            raise
-        raise NodeInputError("disk_path", f"not a usable folder ({e})") from None
-    if need_bytes is not None and free < need_bytes:
-        raise NodeInputError(
-            "disk_path",
-            f"{anchor} has {fmt_bytes(free)} free but the offloaded groups need "
-            f"{fmt_bytes(need_bytes)}; choose a folder on a larger disk",
-        )
-    return p
+    """Read-only check of the disk tier's folder (creates nothing): the same check, and the
+    same words, as the panel's disk-folder field."""
+    check = disk_folder.check_disk_folder(path, need_bytes)
+    if not check.ok or check.path is None:
+        raise NodeInputError("disk_path", check.message)
+    return check.path
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,16 @@ happens when ComfyUI loads the model for sampling.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import folder_paths
 from comfy_api.latest import io
 
-from ..offload_core import ConfigError
+from ..offload_core import ConfigError, DiskTier
+from ..offload_core.policy import DEFAULT_HEADROOM_GB
 from ..offload_core.tools.settings_file import default_settings_path, load_settings
 from .binding import OffloadBinding
 from .config import (
-    LEVELS,
-    TIERS,
     FerryConfig,
     NodeInputError,
     as_node_error,
@@ -25,6 +25,7 @@ from .config import (
     policy_from_inputs,
     policy_from_panel,
 )
+from .offload_inputs import advanced_inputs, how_inputs, memory_inputs
 from .patcher import ferry_clone
 
 NODE_ID = "FerryOffloadModel"  # stable forever: saved workflows refer to it
@@ -64,49 +65,9 @@ class FerryOffloadModel(io.ComfyNode):
                     tooltip="On: use the settings saved in the Ferry panel (the sidebar's "
                     "'Open panel' button) and ignore the widgets below.",
                 ),
-                io.Combo.Input(
-                    "level",
-                    options=list(LEVELS),
-                    default="block",
-                    tooltip="block: move whole transformer blocks (fast, the usual choice). "
-                    "leaf: move layer by layer (least VRAM, more transfers).",
-                ),
-                io.Int.Input(
-                    "blocks_per_group",
-                    default=1,
-                    min=1,
-                    max=256,
-                    tooltip="Blocks moved together (block level). More = fewer, larger copies "
-                    "and more VRAM. Must not exceed the model's block count.",
-                ),
-                io.Combo.Input(
-                    "tier",
-                    options=list(TIERS),
-                    default="pinned",
-                    tooltip="Where offloaded weights wait: pinned = page-locked RAM (fastest "
-                    "copies); ram = ordinary RAM; disk = files in disk_path (saves RAM).",
-                ),
-                io.String.Input(
-                    "disk_path",
-                    default="",
-                    tooltip="Folder for the disk tier, ideally on an SSD/NVMe. Empty: ComfyUI's "
-                    "temp folder. Ferry writes only its own ferry-* folder there.",
-                ),
-                io.Int.Input(
-                    "prefetch_depth",
-                    default=1,
-                    min=1,
-                    max=8,
-                    tooltip="Groups loaded ahead of the one computing. 1-2 hides most transfer "
-                    "time; each extra one costs one group of VRAM.",
-                ),
-                io.String.Input(
-                    "vram_budget",
-                    default="auto",
-                    tooltip="VRAM Ferry may use for weights: 'auto' keeps as many groups "
-                    "resident as fit; a number of GB (e.g. 6); empty streams every group "
-                    "(least VRAM).",
-                ),
+                *how_inputs(),
+                *memory_inputs(),
+                *advanced_inputs(),
             ],
             outputs=[io.Model.Output(tooltip="The same model; it loads through Ferry.")],
         )
@@ -151,6 +112,10 @@ class FerryOffloadModel(io.ComfyNode):
         disk_path: str,
         prefetch_depth: int,
         vram_budget: str,
+        headroom_gb: float = DEFAULT_HEADROOM_GB,
+        direct_io: bool = True,
+        verify: str = "first_read",
+        cpu_read: str = "mapped",
     ) -> io.NodeOutput:
         if use_panel_settings:
             policy = policy_from_panel(load_settings)
@@ -163,26 +128,36 @@ class FerryOffloadModel(io.ComfyNode):
                 prefetch_depth=prefetch_depth,
                 vram_budget=vram_budget,
                 default_disk_path=default_disk_path(),
+                headroom_gb=headroom_gb,
+                direct_io=direct_io,
+                verify=verify,
+                cpu_read=cpu_read,
             )
         config = FerryConfig(policy, name=_model_name(model))
         if not getattr(model, "patches", None):
             # Weights as in their file: the disk tier may read groups from it, not write copies.
             config = config.with_source_checkpoint(getattr(model, "ferry_source_checkpoint", None))
         out = ferry_clone(model, config)
-        base = out.model
-        # Validate against this model before any weight moves: grouping, block count, budget.
-        try:
-            plan = OffloadBinding.of(base, base.diffusion_model).plan(config, out.load_device)
-        except ConfigError as e:
-            raise as_node_error(e, panel=use_panel_settings) from None
-        if policy.tier_name == "disk":
-            try:
-                check_disk_folder(policy.tier.path, plan.offloaded_bytes)  # type: ignore[union-attr]
-            except NodeInputError as e:
-                if use_panel_settings:
-                    raise NodeInputError("use_panel_settings", f"the panel's {e}") from None
-                raise
+        _check_against_model(out, config, use_panel_settings)
         return io.NodeOutput(out)
+
+
+def _check_against_model(out: Any, config: FerryConfig, use_panel_settings: bool) -> None:
+    """Validates the policy against this model before any weight moves: grouping, block
+    count, budget, and room in the disk folder for the groups that will be written."""
+    base = out.model
+    try:
+        plan = OffloadBinding.of(base, base.diffusion_model).plan(config, out.load_device)
+    except ConfigError as e:
+        raise as_node_error(e, panel=use_panel_settings) from None
+    tier = config.policy.tier
+    if isinstance(tier, DiskTier):
+        try:
+            check_disk_folder(tier.path, plan.offloaded_bytes)
+        except NodeInputError as e:
+            if use_panel_settings:
+                raise NodeInputError("use_panel_settings", f"the panel's {e}") from None
+            raise
 
 
 def _model_name(model: object) -> str:

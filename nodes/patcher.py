@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import comfy.model_management
 import comfy.model_patcher
 import comfy.utils
 import torch
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ..offload_core import ConfigError, FerryError
+from ..offload_core.model.layout import module_nbytes
 from .binding import OffloadBinding
 from .config import FerryConfig, NodeInputError, as_node_error
 from .dynamic import plain_patcher
@@ -104,7 +104,7 @@ class FerryPatcherMixin:
             plan = self._ferry_binding().plan(cfg, self.load_device)
         except ConfigError:
             return super().model_size()  # type: ignore[misc]
-        outside = sum(comfy.model_management.module_size(m) for m in self._ferry_outside_modules())
+        outside = sum(module_nbytes(m) for m in self._ferry_outside_modules())
         return plan.device_bytes + outside
 
     def partially_load(
@@ -156,7 +156,7 @@ class FerryPatcherMixin:
             outside = 0
             for m in self._ferry_outside_modules():
                 m.to(device)
-                outside += comfy.model_management.module_size(m)
+                outside += module_nbytes(m)
             if changed:
                 log.info("ferry: laid out %s\n%s", cfg.name, binding.handle.plan.describe())
             self.model.device = device

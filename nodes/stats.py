@@ -29,16 +29,9 @@ def fresh_sample(device: str | None) -> Sample:
 
 def current_offloads() -> list[OffloadSample]:
     """Every live offload's stats read now (the monitor's copy is up to a tick old)."""
-    from ..offload_core import live_offloads
+    from ..offload_core.tools.monitor import read_offloads
 
-    out = []
-    for i, h in enumerate(live_offloads()):
-        try:
-            stats = h.stats().as_dict()
-        except Exception as e:  # one broken handle must not break the whole reply
-            stats = {"error": f"{type(e).__name__}: {e}"}
-        out.append(OffloadSample(str(getattr(h, "name", None) or f"model {i}"), stats))
-    return out
+    return read_offloads()
 
 
 def offload_entry(o: OffloadSample) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -75,6 +76,8 @@ class DiskTier:
     def validate(self) -> None:
         if not isinstance(self.path, str) or not self.path.strip():
             raise ConfigError("disk_path", "the disk tier needs a folder; set disk_path")
+        if not isinstance(self.direct_io, bool):
+            raise ConfigError("direct_io", f"must be true or false, got {self.direct_io!r}")
         if self.verify not in ("first_read", "every_read"):
             raise ConfigError(
                 "verify", f"must be 'first_read' or 'every_read', got {self.verify!r}"
@@ -134,81 +137,174 @@ class OffloadPolicy:
         return "leaf" if isinstance(self.level, LeafLevel) else "block"
 
     def to_dict(self) -> dict[str, Any]:
-        """The flat form the settings file, the nodes and the panel use."""
-        budget: float | str | None
-        if self.vram_budget is None or self.vram_budget == AUTO:
-            budget = self.vram_budget
-        else:
-            budget = round(int(self.vram_budget) / GIB, 3)
+        """The flat form the settings file, the nodes and the panel use.
+
+        Byte counts are written as exact GB floats (bytes / 2**30 is exact below 2**53), so
+        ``from_dict(to_dict())`` gives back the same policy; views round them for display.
+        The disk tier's options are None for the other tiers (like ``disk_path``).
+        """
+        budget = self.vram_budget
+        disk = self.tier if isinstance(self.tier, DiskTier) else None
         return {
             "level": self.level_name,
             "blocks_per_group": getattr(self.level, "blocks_per_group", 1),
             "tier": self.tier_name,
-            "disk_path": getattr(self.tier, "path", None),
-            "source_checkpoint": getattr(self.tier, "source_checkpoint", None),
+            "disk_path": disk.path if disk else None,
+            "source_checkpoint": disk.source_checkpoint if disk else None,
+            "direct_io": disk.direct_io if disk else None,
+            "verify": disk.verify if disk else None,
+            "cpu_read": disk.cpu_read if disk else None,
             "prefetch_depth": self.prefetch_depth,
-            "vram_budget_gb": budget,
-            "headroom_gb": round(self.headroom_bytes / GIB, 3),
+            "vram_budget_gb": budget if budget is None or budget == AUTO else budget / GIB,
+            "headroom_gb": self.headroom_bytes / GIB,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OffloadPolicy:
-        """Builds and validates a policy from the flat form; unknown keys are an error."""
-        known = {
-            "level", "blocks_per_group", "tier", "disk_path", "source_checkpoint",
-            "prefetch_depth", "vram_budget_gb", "headroom_gb",
-        }  # fmt: skip
-        unknown = set(d) - known
+        """Builds and validates a policy from the flat form; unknown keys are an error.
+
+        Values may be what a widget holds ("6", 2.0) as well as what the file holds: each
+        goes through the one parser of its setting (``parse_*`` in settings.py).
+        """
+        unknown = set(d) - FLAT_KEYS
         if unknown:
-            raise ConfigError(sorted(unknown)[0], f"unknown setting; known: {sorted(known)}")
-        level_name = d.get("level", "block")
-        level: Level
-        if level_name == "block":
-            level = BlockLevel(d.get("blocks_per_group", 1))
-        elif level_name == "leaf":
-            level = LeafLevel()
-        else:
-            raise ConfigError("level", f"must be 'block' or 'leaf', got {level_name!r}")
-        tier_name = d.get("tier", "pinned")
-        tier: Tier
-        if tier_name == "pinned":
-            tier = PinnedRamTier()
-        elif tier_name == "ram":
-            tier = RamTier()
-        elif tier_name == "disk":
-            tier = DiskTier(d.get("disk_path") or "", d.get("source_checkpoint"))
-        else:
-            raise ConfigError("tier", f"must be 'pinned', 'ram' or 'disk', got {tier_name!r}")
+            raise ConfigError(sorted(unknown)[0], f"unknown setting; known: {sorted(FLAT_KEYS)}")
         policy = cls(
-            level=level,
-            tier=tier,
-            prefetch_depth=d.get("prefetch_depth", 1),
-            vram_budget=_budget_from_gb(d.get("vram_budget_gb")),
-            headroom_bytes=_bytes_from_gb("headroom_gb", d.get("headroom_gb", 2.0)),
+            level=_level_from_dict(d),
+            tier=_tier_from_dict(d),
+            prefetch_depth=parse_prefetch_depth(d.get("prefetch_depth", 1)),
+            vram_budget=parse_vram_budget(d.get("vram_budget_gb")),
+            headroom_bytes=parse_headroom(d.get("headroom_gb", DEFAULT_HEADROOM_GB)),
         )
         policy.validate()
         return policy
 
 
-def _bytes_from_gb(setting: str, gb: Any) -> int:
-    if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not math.isfinite(gb) or gb < 0:
-        raise ConfigError(setting, f"must be a number of GB >= 0, got {gb!r}")
-    return int(gb * GIB)
+#: The keys of the flat form (``OffloadPolicy.to_dict``).
+FLAT_KEYS = frozenset(
+    {
+        "level", "blocks_per_group", "tier", "disk_path", "source_checkpoint", "direct_io",
+        "verify", "cpu_read", "prefetch_depth", "vram_budget_gb", "headroom_gb",
+    }
+)  # fmt: skip
 
 
-def _budget_from_gb(gb: Any) -> int | Literal["auto"] | None:
-    if gb is None or gb == "":
+def _level_from_dict(d: dict[str, Any]) -> Level:
+    level_name = d.get("level", "block")
+    if level_name == "block":
+        return BlockLevel(parse_blocks_per_group(d.get("blocks_per_group", 1)))
+    if level_name == "leaf":
+        return LeafLevel()
+    raise ConfigError("level", f"must be 'block' or 'leaf', got {level_name!r}")
+
+
+def _tier_from_dict(d: dict[str, Any]) -> Tier:
+    tier_name = d.get("tier", "pinned")
+    if tier_name == "pinned":
+        return PinnedRamTier()
+    if tier_name == "ram":
+        return RamTier()
+    if tier_name != "disk":
+        raise ConfigError("tier", f"must be 'pinned', 'ram' or 'disk', got {tier_name!r}")
+    defaults = DiskTier("")
+    # None (the flat form of a non-disk tier, or a widget left empty) means the default.
+    options = {k: d.get(k) for k in ("direct_io", "verify", "cpu_read")}
+    return DiskTier(
+        d.get("disk_path") or "",
+        d.get("source_checkpoint"),
+        **{k: getattr(defaults, k) if v is None else v for k, v in options.items()},
+    )
+
+
+# ---- One parser per setting -----------------------------------------------------------------
+# The node's widgets, the panel's form, the settings file and OffloadPolicy.from_dict all send
+# their raw values through these, so one input gets one verdict everywhere. Each error names
+# the setting and says what to type.
+
+DEFAULT_HEADROOM_GB = 2.0
+#: A plain decimal number of GB, optionally followed by "GB". Deliberately not float()'s
+#: grammar: float() also takes "1e3", "inf", "nan" and "1_0", which nobody means in a GB box
+#: and which would otherwise each need their own rejection.
+_GB_TEXT = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(?:gb)?")
+#: Texts that mean "no budget": stream every group.
+_NO_BUDGET = ("", "none", "off")
+_BUDGET_HELP = (
+    "type a number of GB above 0 (e.g. 6 or 7.5), 'auto' to use the VRAM that is free, "
+    "or leave it empty to stream every group"
+)
+
+
+def parse_vram_budget(value: Any) -> int | Literal["auto"] | None:
+    """A VRAM budget as a user, widget or file gives it -> bytes, "auto" or None.
+
+    None/"" (and "none", "off") stream every group; "auto" keeps what fits in free memory;
+    a number is GB. Zero ("0", 0.0) also means "stream every group": a budget of no bytes
+    for resident groups keeps none resident, which is exactly what empty does, and ComfyUI
+    workflows saved with "0" (the node's old spelling of "no budget") keep loading with the
+    meaning they were saved with. Negative numbers and anything else are refused.
+    """
+    if value is None:
         return None
-    if gb == AUTO:
-        return AUTO
-    if isinstance(gb, str):
-        try:
-            gb = float(gb)
-        except ValueError:
-            raise ConfigError(
-                "vram_budget_gb", f"must be 'auto', empty or a number, got {gb!r}"
-            ) from None
-    n = _bytes_from_gb("vram_budget_gb", gb)
-    if n <= 0:
-        raise ConfigError("vram_budget_gb", "must be > 0 GB, 'auto', or empty for no budget")
+    if isinstance(value, bool):
+        raise ConfigError("vram_budget_gb", f"{value!r} is not a budget; {_BUDGET_HELP}")
+    if isinstance(value, (int, float)):
+        gb = float(value)
+    else:
+        text = str(value).strip().lower()
+        if text in _NO_BUDGET:
+            return None
+        if text == AUTO:
+            return AUTO
+        if not _GB_TEXT.fullmatch(text):
+            raise ConfigError("vram_budget_gb", f"{value!r} is not a budget; {_BUDGET_HELP}")
+        gb = float(_GB_TEXT.fullmatch(text).group(1))  # type: ignore[union-attr]
+    if not math.isfinite(gb) or gb < 0:
+        raise ConfigError("vram_budget_gb", f"{value!r} is not a budget; {_BUDGET_HELP}")
+    n = int(gb * GIB)
+    if n == 0 and gb > 0:
+        raise ConfigError("vram_budget_gb", f"{value!r} GB is less than one byte; {_BUDGET_HELP}")
+    return None if n == 0 else n
+
+
+def parse_whole_number(setting: str, value: Any, low: int, high: int | None = None) -> int:
+    """A whole number from a widget: 2, 2.0 (sliders give floats) or "2"; never 2.5 or True."""
+    whole_float = isinstance(value, float) and value.is_integer()
+    whole_text = isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value) is not None
+    n: Any = int(value) if whole_float or whole_text else value
+    limits = f">= {low}" if high is None else f"{low}..{high}"
+    if isinstance(n, bool) or not isinstance(n, int) or n < low or (high and n > high):
+        raise ConfigError(setting, f"must be a whole number {limits}, got {value!r}")
     return n
+
+
+def parse_blocks_per_group(value: Any) -> int:
+    """Blocks per group: a whole number >= 1. The upper bound is the model's (the grouping
+    checks it against the longest block list), so a huge number passes here and fails there."""
+    try:
+        return parse_whole_number("blocks_per_group", value, 1)
+    except ConfigError as e:
+        raise ConfigError("blocks_per_group", f"{_reason(e)}; try 1 or 2") from None
+
+
+def parse_prefetch_depth(value: Any) -> int:
+    return parse_whole_number("prefetch_depth", value, 1, 8)
+
+
+def parse_headroom(value: Any) -> int:
+    """The headroom for "auto" in GB (>= 0; empty = the default) -> bytes."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        value = DEFAULT_HEADROOM_GB
+    if isinstance(value, str) and _GB_TEXT.fullmatch(value.strip().lower()):
+        value = float(_GB_TEXT.fullmatch(value.strip().lower()).group(1))  # type: ignore[union-attr]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ConfigError("headroom_gb", f"must be a number of GB >= 0, got {value!r}")
+    return int(value * GIB)
+
+
+def _reason(e: ConfigError) -> str:
+    return str(e).removeprefix(f"{e.setting}: ")

@@ -3,12 +3,14 @@ and the stats of live offloads."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from offload_core import BlockLevel, OffloadPolicy, RamTier, apply_offload
@@ -88,6 +90,45 @@ def test_listener_errors_do_not_stop_sampling() -> None:
     finally:
         mon.stop()
     assert mon.snapshot().offloads == [OffloadSample("m", {"forwards": 1})]
+
+
+def test_a_failing_listener_is_logged_with_its_traceback_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    mon = Monitor(interval_s=1, history_s=10, read_offloads=lambda: [])
+
+    def bad(sample, offloads):  # type: ignore[no-untyped-def]
+        raise RuntimeError("a closed websocket")
+
+    mon.add_listener(bad)
+    with caplog.at_level(logging.DEBUG, logger="ferry"):
+        for _ in range(3):
+            mon.sample_now()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "listener" in warnings[0].getMessage()
+    assert warnings[0].exc_info is not None and "a closed websocket" in caplog.text
+    assert sum("failed again" in r.getMessage() for r in caplog.records) == 2
+    assert len(mon.snapshot().samples) == 3, "sampling went on"
+
+
+def test_a_handle_whose_stats_fail_is_reported_and_logged_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import offload_core.registry as registry
+    from offload_core.tools import monitor
+
+    class Broken:
+        name = "broken-model"
+
+        def stats(self) -> object:
+            raise OSError("device gone")
+
+    monkeypatch.setattr(registry, "live_offloads", lambda: [Broken()])
+    monkeypatch.setattr(monitor, "_logged_stat_errors", set())
+    with caplog.at_level(logging.WARNING, logger="ferry"):
+        first, second = monitor.read_offloads(), monitor.read_offloads()
+    assert first == second == [OffloadSample("broken-model", {"error": "OSError: device gone"})]
+    assert [r.exc_info is not None for r in caplog.records] == [True]
 
 
 def test_reports_live_offloads_with_their_stats() -> None:

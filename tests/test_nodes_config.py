@@ -39,12 +39,27 @@ def test_good_widgets_make_the_policy() -> None:
         ("", None),
         ("none", None),
         ("0", None),
-        ("6", 6.0),
-        ("7.5 GB", 7.5),
+        ("6", 6 << 30),
+        ("7.5 GB", int(7.5 * (1 << 30))),
     ],
 )
 def test_vram_budget_forms(text: str, want: object) -> None:
-    assert config.parse_vram_budget(text) == want
+    assert config.policy_from_inputs(**{**GOOD, "vram_budget": text}).vram_budget == want
+
+
+def test_advanced_widgets_reach_the_disk_tier(tmp_path: Path) -> None:
+    p = config.policy_from_inputs(
+        **{**GOOD, "tier": "disk", "disk_path": str(tmp_path)},
+        headroom_gb=0.5, direct_io=False, verify="every_read", cpu_read="copy",
+    )  # fmt: skip
+    assert p.tier == oc.DiskTier(
+        str(tmp_path), direct_io=False, verify="every_read", cpu_read="copy"
+    )
+    assert p.headroom_bytes == 1 << 29
+    # Without them (a workflow saved before they existed): the defaults.
+    assert config.policy_from_inputs(
+        **{**GOOD, "tier": "disk", "disk_path": str(tmp_path)}
+    ).tier == (oc.DiskTier(str(tmp_path)))
 
 
 @pytest.mark.parametrize(
@@ -58,6 +73,9 @@ def test_vram_budget_forms(text: str, want: object) -> None:
         ({"vram_budget": "lots"}, "vram_budget"),
         ({"vram_budget": "-2"}, "vram_budget"),
         ({"vram_budget": "nan"}, "vram_budget"),
+        ({"tier": "disk", "disk_path": "/tmp/x", "verify": "sometimes"}, "verify"),
+        ({"tier": "disk", "disk_path": "/tmp/x", "cpu_read": "mmap"}, "cpu_read"),
+        ({"headroom_gb": -1.0}, "headroom_gb"),
     ],
 )
 def test_each_bad_widget_is_named(over: dict, widget: str) -> None:
@@ -105,7 +123,7 @@ def test_disk_folder_checks(tmp_path: Path) -> None:
     new = tmp_path / "a" / "b"
     assert config.check_disk_folder(str(new)) == new
     assert not (tmp_path / "a").exists()
-    with pytest.raises(config.NodeInputError, match="free"):
+    with pytest.raises(config.NodeInputError, match="free, the offloaded groups need"):
         config.check_disk_folder(str(tmp_path), need_bytes=1 << 60)
 
 

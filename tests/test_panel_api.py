@@ -30,6 +30,9 @@ FORM = (
     "vram_budget",
     "headroom_gb",
     "quant",
+    "direct_io",
+    "verify",
+    "cpu_read",
 )
 
 
@@ -85,13 +88,15 @@ def test_settings_round_trip_panel_file_nodes(
 ) -> None:
     disk = tmp_path / "swap"
     msg = client.predict(
-        "block", 3, "disk", str(disk), 2, "1.5", 0.5, "int8-weight", api_name="/save_settings"
-    )
+        "block", 3, "disk", str(disk), 2, "1.5", 0.5, "int8-weight", False, "every_read", "copy",
+        api_name="/save_settings",
+    )  # fmt: skip
     assert msg.startswith("✔ Saved to") and str(running.settings_path) in msg
     data = json.loads(running.settings_path.read_text())
     assert data["policy"] == {
         "level": "block", "blocks_per_group": 3, "tier": "disk", "disk_path": str(disk),
         "source_checkpoint": None, "prefetch_depth": 2, "vram_budget_gb": 1.5, "headroom_gb": 0.5,
+        "direct_io": False, "verify": "every_read", "cpu_read": "copy",
     }  # fmt: skip
     assert data["quant_preset"] == "int8-weight"
     assert not disk.exists()  # saving a disk path creates nothing
@@ -101,13 +106,16 @@ def test_settings_round_trip_panel_file_nodes(
     policy = config.policy_from_panel(lambda: settings_file.load_settings(running.settings_path))
     oc = running.sub("offload_core")
     assert policy == oc.OffloadPolicy(
-        level=oc.BlockLevel(3), tier=oc.DiskTier(str(disk)), prefetch_depth=2,
+        level=oc.BlockLevel(3), prefetch_depth=2,
+        tier=oc.DiskTier(str(disk), direct_io=False, verify="every_read", cpu_read="copy"),
         vram_budget=int(1.5 * (1 << 30)), headroom_bytes=1 << 29,
     )  # fmt: skip
     # And the page reads it back into its widgets.
     values = client.predict(api_name="/load_settings")
     assert values[0] == "block" and values[1]["value"] == 3 and values[1]["maximum"] == 4
-    assert list(values[2:8]) == ["disk", str(disk), 2, "1.5", 0.5, "int8-weight"]
+    assert list(values[2:11]) == [
+        "disk", str(disk), 2, "1.5", 0.5, "int8-weight", False, "every_read", "copy",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

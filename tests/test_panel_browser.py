@@ -4,6 +4,7 @@ typed, and a screenshot is saved under artifacts/ (git-ignored) as the test's ar
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -22,7 +23,8 @@ from ._panel_server import RunningPanel, run_panel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("FERRY_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-# Flags that work in a container without a GPU or network (facts.md).
+# Flags that let chromium start in a container without a GPU, a user namespace for its
+# sandbox, or a network (it would otherwise try to fetch components and wait on them).
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--no-first-run"]  # fmt: skip
 
@@ -90,8 +92,29 @@ def test_disk_path_check_reacts_as_typed(page: Any, tmp_path: Path) -> None:
     _wait_text(page, "#ferry-disk-check", "is a file, not a folder")
     field.fill(str(tmp_path / "swap"))
     text = _wait_text(page, "#ferry-disk-check", "will be created")
-    assert "GB free" in text and "the model needs" in text
+    assert "GB free" in text and "the offloaded groups need" in text
     assert not (tmp_path / "swap").exists()
+
+
+def test_advanced_disk_options_save_into_the_settings_file(
+    page: Any, running: RunningPanel, tmp_path: Path
+) -> None:
+    page.locator("#ferry-tier label", has_text="Disk (SSD/NVMe)").click()
+    field = page.locator("#ferry-disk-path textarea, #ferry-disk-path input").first
+    field.fill(str(tmp_path / "swap"))
+    _wait_text(page, "#ferry-disk-check", "will be created")
+    page.locator("#ferry-advanced").get_by_text("Advanced (disk tier)").click()
+    direct = page.locator("#ferry-direct-io input[type=checkbox]")
+    direct.wait_for()
+    assert direct.is_checked(), "the default is O_DIRECT reads"
+    direct.uncheck()
+    page.locator("#ferry-verify label", has_text="Every read").click()
+    page.locator("#ferry-cpu-read label", has_text="Copy into a buffer").click()
+    page.click("#ferry-save")
+    _wait_text(page, "#ferry-settings-status", "Saved to")
+    saved = json.loads(running.settings_path.read_text())["policy"]
+    assert saved["tier"] == "disk" and saved["disk_path"] == str(tmp_path / "swap")
+    assert (saved["direct_io"], saved["verify"], saved["cpu_read"]) == (False, "every_read", "copy")
 
 
 def test_planner_runs_from_the_page_with_its_defaults(page: Any) -> None:

@@ -42,22 +42,25 @@ def test_disk_check_reacts_and_never_creates_anything(pack: ModuleType, tmp_path
     check = sub(pack, "web.panel.disk_check").check_disk_path
     new = tmp_path / "a" / "b"
     r = check(str(new), 1 << 20)
-    assert r.ok and "will be created" in r.message and "needs 1.0 MB" in r.message
+    assert r.ok and "will be created" in r.message and "need 1.0 MB" in r.message
     assert not (tmp_path / "a").exists()
     r = check(str(tmp_path), 1 << 20)
     assert r.ok and "exists and is writable" in r.message
     f = tmp_path / "file.bin"
     f.write_bytes(b"x")
     r = check(str(f), None)
-    assert not r.ok and r.message == f"disk_path: {f} is a file, not a folder"
+    assert not r.ok and r.message == f"{f} is a file, not a folder"
+    assert (
+        sub(pack, "web.panel.disk_check").markdown(r) == f"✖ disk_path: {f} is a file, not a folder"
+    )
     r = check(str(f / "below"), None)
     assert not r.ok and "cannot be created" in r.message
     r = check("relative/dir", None)
     assert not r.ok and "full path" in r.message
     r = check("", None)
-    assert not r.ok and r.message.startswith("disk_path: type a folder")
+    assert not r.ok and r.message.startswith("type a folder")
     r = check(str(tmp_path), 1 << 60)  # an exabyte: no disk has that free
-    assert not r.ok and "the model needs" in r.message and "GB free" in r.message
+    assert not r.ok and "the offloaded groups need" in r.message and "GB free" in r.message
     r = check("/tmp/\x00bad", None)
     assert not r.ok and "not a usable path" in r.message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.bin"]
@@ -68,15 +71,16 @@ def test_disk_check_read_only_folder(
 ) -> None:
     mod = sub(pack, "web.panel.disk_check")
     # CI often runs as root, who may write anywhere: make access() answer as for a user.
-    monkeypatch.setattr(mod.os, "access", lambda p, mode: Path(p) != tmp_path)
+    # (test_settings_parsers.py also checks a real read-only mount.)
+    folder = sub(pack, "offload_core.sources.disk_folder")
+    monkeypatch.setattr(folder.os, "access", lambda p, mode: Path(p) != tmp_path)
     r = mod.check_disk_path(str(tmp_path / "ferry"), None)
     assert (
         not r.ok
-        and r.message
-        == f"disk_path: {tmp_path / 'ferry'} cannot be created ({tmp_path} is not writable)"
+        and r.message == f"{tmp_path / 'ferry'} cannot be created ({tmp_path} is not writable)"
     )
     r = mod.check_disk_path(str(tmp_path), None)
-    assert not r.ok and r.message == f"disk_path: {tmp_path} is not writable"
+    assert not r.ok and r.message == f"{tmp_path} is not writable"
 
 
 def test_form_round_trip_and_errors_name_the_setting(pack: ModuleType) -> None:

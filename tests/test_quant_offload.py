@@ -21,7 +21,8 @@ from offload_core import (
 from offload_core.quant import Preset, SkipRules, load_quantized, quantize_model
 from offload_core.tools.demo_model import DemoDiT, build_demo_model, demo_inputs
 
-# IntxUnpackedToInt8Tensor has no pin_memory (facts.md): the pinned tier must pin its inner
+# IntxUnpackedToInt8Tensor cannot be pinned as a whole (its dispatch lacks aten.is_pinned,
+# so .pin_memory() raises NotImplementedError): the pinned tier must pin its inner
 # tensors. Not a user preset (its int4 values are stored unpacked in int8, so it saves nothing
 # over int8-weight on CPU), but the offloader must carry it.
 INTX = Preset(

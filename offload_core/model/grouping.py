@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
 from ..errors import GroupingError
 from ..policy import BlockLevel, Level
-from .layout import PAGE, Entry, align_up, entry_end, make_entry
+from .layout import PAGE, Entry, align_up, entry_end, make_entry, tensor_nbytes
 
 
 @dataclass
@@ -110,59 +111,86 @@ def _tensors(prefix: str, mod: nn.Module) -> list[tuple[nn.Module, str, str, boo
     return out
 
 
-def build_grouping(model: nn.Module, level: Level) -> Grouping:
-    chunks, longest = _chunks(level, model)
-    # Which tensor objects each group holds; a tensor in two places stays resident.
+#: One tensor of a group: (module, attr, qualified name, is_param, id of the tensor).
+_Item = tuple[nn.Module, str, str, bool, int]
+
+
+def _table(m: nn.Module, is_param: bool) -> dict[str, Any]:
+    return m._parameters if is_param else m._buffers
+
+
+def _collect_owners(
+    model: nn.Module, chunks: list[tuple[str, list[tuple[str, nn.Module]]]]
+) -> tuple[list[list[_Item]], dict[int, set[int]], list[tuple[nn.Module, str, bool]]]:
+    """Each chunk's tensors; which groups (-1: outside any group) hold each tensor object;
+    and the tensors of modules outside every group."""
     owners: dict[int, set[int]] = {}
     per_group = []
     for gi, (_, mods) in enumerate(chunks):
         items = []
         for qn, m in mods:
             for m2, attr, q2, is_param in _tensors(qn, m):
-                t = (m2._parameters if is_param else m2._buffers)[attr]
+                t = _table(m2, is_param)[attr]
                 owners.setdefault(id(t), set()).add(gi)
                 items.append((m2, attr, q2, is_param, id(t)))
         per_group.append(items)
     in_groups = {id(m2) for items in per_group for (m2, *_rest) in items}
     outside: list[tuple[nn.Module, str, bool]] = []
     for m, attr, _q, is_param in _tensors("", model):
-        t = (m._parameters if is_param else m._buffers)[attr]
         if id(m) not in in_groups:
-            owners.setdefault(id(t), set()).add(-1)
+            owners.setdefault(id(_table(m, is_param)[attr]), set()).add(-1)
             outside.append((m, attr, is_param))
+    return per_group, owners, outside
+
+
+def _pack_group(
+    g: GroupSpec,
+    items: list[_Item],
+    owners: dict[int, set[int]],
+    resident: list[tuple[nn.Module, str, bool]],
+    seen_resident: set[int],
+) -> None:
+    """Lays ``items`` out in ``g``'s slab; a tensor in two places (one copy cannot live in
+    two slots) and a subclass buffer stay resident instead (appended to ``resident``)."""
+    seen: set[int] = set()
+    offset = 0
+    for m2, attr, q2, is_param, tid in items:
+        if tid in seen:
+            continue
+        seen.add(tid)
+        if len(owners[tid]) > 1:
+            if tid not in seen_resident:
+                seen_resident.add(tid)
+                resident.append((m2, attr, is_param))
+            continue
+        t = _table(m2, is_param)[attr]
+        assert t is not None
+        if not is_param and _is_subclass(t):
+            resident.append((m2, attr, is_param))
+            continue
+        e = make_entry(m2, attr, q2, is_param, offset)
+        g.entries.append(e)
+        offset = entry_end(e)
+    g.nbytes = align_up(max(offset, 1), PAGE)
+
+
+def build_grouping(model: nn.Module, level: Level) -> Grouping:
+    chunks, longest = _chunks(level, model)
+    per_group, owners, outside = _collect_owners(model, chunks)
     groups: list[GroupSpec] = []
     resident = list(outside)
     seen_resident: set[int] = set()
     for (label, mods), items in zip(chunks, per_group):
         g = GroupSpec(index=len(groups), name=label, modules=mods)
-        seen: set[int] = set()
-        offset = 0
-        for m2, attr, q2, is_param, tid in items:
-            if tid in seen:
-                continue
-            seen.add(tid)
-            if len(owners[tid]) > 1:
-                if tid not in seen_resident:
-                    seen_resident.add(tid)
-                    resident.append((m2, attr, is_param))
-                continue
-            t = (m2._parameters if is_param else m2._buffers)[attr]
-            assert t is not None
-            if not is_param and _is_subclass(t):
-                resident.append((m2, attr, is_param))
-                continue
-            e = make_entry(m2, attr, q2, is_param, offset)
-            g.entries.append(e)
-            offset = entry_end(e)
-        g.nbytes = align_up(max(offset, 1), PAGE)
+        _pack_group(g, items, owners, resident, seen_resident)
         if g.entries:
             groups.append(g)
     # A tensor reachable from several modules outside groups is counted once.
     uniq: dict[int, int] = {}
     for m, attr, is_param in resident:
-        t = (m._parameters if is_param else m._buffers)[attr]
+        t = _table(m, is_param)[attr]
         if t is not None:
-            uniq[id(t)] = _nbytes(t)
+            uniq[id(t)] = tensor_nbytes(t)
     return Grouping(groups, resident, sum(uniq.values()), longest)
 
 
@@ -170,12 +198,3 @@ def _is_subclass(t: object) -> bool:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     return is_traceable_wrapper_subclass(t)
-
-
-def _nbytes(t: object) -> int:
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-    if is_traceable_wrapper_subclass(t):
-        names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
-        return sum(_nbytes(getattr(t, n)) for n in names)
-    return int(t.numel() * t.element_size())  # type: ignore[attr-defined]

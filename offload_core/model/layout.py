@@ -4,8 +4,8 @@ A group's parameters and buffers are packed into one slab (pinned RAM, plain RAM
 file's data section, a device slot: all share this layout), so a whole group moves with one
 copy. torchao tensors are stored as their inner plain tensors (qdata, scale, ...) and rebuilt
 around views of the slab: ``param.data = x`` silently does nothing for a tensor subclass
-(seed 002), so subclass parameters are swapped with ``torch.utils.swap_tensors`` and keep
-their identity.
+(the wrapper keeps pointing at its old inner tensors), so subclass parameters are swapped with
+``torch.utils.swap_tensors`` and keep their identity.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..errors import FerryError
 
-#: Every tensor starts on a 64-byte boundary, as the allocator would place it. Weights used
-#: at 8-byte-aligned offsets give different (not bit-identical) results (facts.md).
+#: Every tensor starts on a 64-byte boundary, as the allocator would place it: kernels pick
+#: their vectorised paths from the data pointer's alignment, so weights at 8-byte-aligned
+#: offsets give different (not bit-identical) results from the resident model.
 ALIGN = 64
 #: Slabs end on a page boundary so files can be read with direct I/O.
 PAGE = 4096
@@ -28,6 +29,26 @@ PAGE = 4096
 
 def align_up(n: int, to: int = ALIGN) -> int:
     return (n + to - 1) // to * to
+
+
+def tensor_nbytes(t: torch.Tensor) -> int:
+    """The bytes a tensor holds, counted the way Ferry lays it out.
+
+    A traceable wrapper subclass (a torchao tensor) is counted by its inner tensors (an int8
+    weight-only tensor: int8 qdata + its scale); ``numel() * element_size()`` would use the
+    outer dtype, which describes the dequantized view, not the memory.
+    """
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+        return sum(tensor_nbytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
+def module_nbytes(module: nn.Module) -> int:
+    """The bytes of a module's parameters and buffers (children included), each tensor once
+    (a tied weight reachable from two modules is one tensor)."""
+    unique = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    return sum(tensor_nbytes(t) for t in unique.values())
 
 
 def page_aligned_empty(nbytes: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -170,7 +191,7 @@ def make_entry(module: nn.Module, attr: str, qualname: str, is_param: bool, offs
     parts = []
     for i in inner:
         offset = align_up(offset)
-        nbytes = i.numel() * i.element_size()
+        nbytes = tensor_nbytes(i)
         stride = _dense_stride(i)
         parts.append(Part(offset, nbytes, i.dtype, tuple(i.shape), stride))
         offset += nbytes

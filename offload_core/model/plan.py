@@ -12,6 +12,7 @@ from ..errors import AlreadyOffloadedError, ConfigError
 from ..policy import AUTO, DiskTier, OffloadPolicy, RamTier
 from ..runtime.memory import fmt_bytes
 from .grouping import Grouping, build_grouping
+from .layout import tensor_nbytes
 
 
 @dataclass(frozen=True)
@@ -138,47 +139,15 @@ def plan_offload(
         )
     device = resolve_device(onload_device)
     grouping = build_grouping(model, policy.level)
-    notes: list[str] = []
-    if isinstance(policy.tier, DiskTier) and policy.tier.source_checkpoint:
-        from pathlib import Path
-
-        if not Path(policy.tier.source_checkpoint).is_file():
-            raise ConfigError("source_checkpoint", f"{policy.tier.source_checkpoint} is not a file")
-    if policy.tier_name == "pinned" and device.type == "cpu":
-        notes.append("onload device is the CPU: pinned RAM behaves as plain RAM")
-    if isinstance(policy.tier, RamTier) and device.type != "cpu":
-        notes.append("plain RAM: host-to-device copies are slower than from pinned RAM")
+    notes = _tier_notes(policy, device)
     sizes = [g.nbytes for g in grouping.groups]
     depth = min(policy.prefetch_depth, max(len(sizes) - 1, 1))
-    slot = max(sizes, default=0)
     resident = [False] * len(sizes)
     budget = _budget(policy, device, _bytes_on(model, device))
     if budget is not None:
-        total = grouping.resident_bytes + sum(sizes)
-        if budget >= total:
-            resident = [True] * len(sizes)
-            notes.append("the whole model fits the budget: nothing streams")
-        else:
-            while depth > 1 and grouping.resident_bytes + (depth + 1) * slot > budget:
-                depth -= 1
-            need = grouping.resident_bytes + (depth + 1) * slot
-            if need > budget:
-                raise ConfigError(
-                    "vram_budget",
-                    f"{fmt_bytes(budget)} is less than the {fmt_bytes(need)} streaming needs "
-                    f"(weights outside the blocks {fmt_bytes(grouping.resident_bytes)} + 2 slots "
-                    f"of {fmt_bytes(slot)}); lower blocks_per_group, use level='leaf', or raise "
-                    "vram_budget",
-                )
-            if depth < policy.prefetch_depth:
-                notes.append(f"prefetch depth lowered to {depth} to fit the budget")
-            spare = budget - need
-            k = min(len(sizes), spare // slot) if slot else 0
-            if k >= len(sizes) - 1:
-                k = len(sizes) - 1  # keep one streaming so the slots are not wasted
-            # Evenly spaced resident groups give each streamed group more compute to hide behind.
-            for i in range(int(k)):
-                resident[(i * len(sizes)) // int(k)] = True
+        resident, depth = _fit_budget(budget, grouping, depth, notes)
+        if depth < policy.prefetch_depth and not all(resident):
+            notes.append(f"prefetch depth lowered to {depth} to fit the budget")
     groups = [GroupPlan(g.name, g.nbytes, r) for g, r in zip(grouping.groups, resident)]
     return OffloadPlan(
         policy=policy,
@@ -194,13 +163,57 @@ def plan_offload(
     )
 
 
-def _bytes_on(model: nn.Module, device: torch.device) -> int:
-    from .grouping import _nbytes
+def _tier_notes(policy: OffloadPolicy, device: torch.device) -> list[str]:
+    """Checks the tier against this machine; returns the plan's notes about it."""
+    notes: list[str] = []
+    if isinstance(policy.tier, DiskTier) and policy.tier.source_checkpoint:
+        from pathlib import Path
 
+        if not Path(policy.tier.source_checkpoint).is_file():
+            raise ConfigError("source_checkpoint", f"{policy.tier.source_checkpoint} is not a file")
+    if policy.tier_name == "pinned" and device.type == "cpu":
+        notes.append("onload device is the CPU: pinned RAM behaves as plain RAM")
+    if isinstance(policy.tier, RamTier) and device.type != "cpu":
+        notes.append("plain RAM: host-to-device copies are slower than from pinned RAM")
+    return notes
+
+
+def _fit_budget(
+    budget: int, grouping: Grouping, depth: int, notes: list[str]
+) -> tuple[list[bool], int]:
+    """Which groups stay resident under ``budget``, and the prefetch depth that fits beside
+    them (lowered if the slots alone do not fit). Raises if streaming itself does not fit."""
+    sizes = [g.nbytes for g in grouping.groups]
+    slot = max(sizes, default=0)
+    if budget >= grouping.resident_bytes + sum(sizes):
+        notes.append("the whole model fits the budget: nothing streams")
+        return [True] * len(sizes), depth
+    while depth > 1 and grouping.resident_bytes + (depth + 1) * slot > budget:
+        depth -= 1
+    need = grouping.resident_bytes + (depth + 1) * slot
+    if need > budget:
+        raise ConfigError(
+            "vram_budget",
+            f"{fmt_bytes(budget)} is less than the {fmt_bytes(need)} streaming needs "
+            f"(weights outside the blocks {fmt_bytes(grouping.resident_bytes)} + 2 slots "
+            f"of {fmt_bytes(slot)}); lower blocks_per_group, use level='leaf', or raise "
+            "vram_budget",
+        )
+    k = min(len(sizes), (budget - need) // slot) if slot else 0
+    if k >= len(sizes) - 1:
+        k = len(sizes) - 1  # keep one streaming so the slots are not wasted
+    resident = [False] * len(sizes)
+    # Evenly spaced resident groups give each streamed group more compute to hide behind.
+    for i in range(int(k)):
+        resident[(i * len(sizes)) // int(k)] = True
+    return resident, depth
+
+
+def _bytes_on(model: nn.Module, device: torch.device) -> int:
     seen: dict[int, int] = {}
     for t in [*model.parameters(), *model.buffers()]:
         if t.device.type == device.type:
-            seen[id(t)] = _nbytes(t)
+            seen[id(t)] = tensor_nbytes(t)
     return sum(seen.values())
 
 

@@ -274,13 +274,16 @@ def _tensors_in_order(choices: list[LayerChoice]) -> Iterator[tuple[str, torch.T
 
 
 def _fsync_dir(folder: Path) -> None:
+    # Some filesystems refuse to open or fsync a folder; the rename is still atomic, only its
+    # durability across a power cut is not promised there.
     try:
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
+    except OSError as e:
+        log.debug("ferry: cannot open %s to fsync it (%s)", folder, e)
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a folder; the rename is still atomic
+    except OSError as e:
+        log.debug("ferry: fsync of folder %s refused (%s)", folder, e)
     finally:
         os.close(fd)

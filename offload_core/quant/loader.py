@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,26 +59,52 @@ def load_quantized(
     model = build_meta_model(build)
     check_checkpoint_matches(model, header)
     choices = choose_layers(model, p, rules)
-
     report = QuantReport(preset=p.name, device=str(dev))
     entry = None
     if folder is not None and p.quantizes:  # "none" would only copy the checkpoint
         entry = cache.entry_for(folder, header, p, rules, qdev, model)
-    if entry is not None:
-        report.cache_path = str(entry.path)
-        status, layers = cache.load(entry, model, choices, dev, progress)
-        if layers is not None:
-            report.layers, report.cache = layers, status
-            report.seconds = time.perf_counter() - start
-            return model, report
-        report.cache = status if status == "miss" else f"{status} (rebuilt)"
+    if entry is None or not _load_cached(entry, model, choices, dev, progress, report):
+        _quantize_and_cache(entry, model, header, choices, p, (dev, qdev), progress, report)
+    report.seconds = time.perf_counter() - start
+    return model, report
+
+
+def _load_cached(
+    entry: Any,
+    model: nn.Module,
+    choices: list[Any],
+    dev: torch.device,
+    progress: Progress | None,
+    report: QuantReport,
+) -> bool:
+    """Fills ``model`` from the cache entry; False (with the reason in ``report.cache``)
+    when the entry is missing or unusable and the checkpoint must be quantized again."""
+    report.cache_path = str(entry.path)
+    status, layers = cache.load(entry, model, choices, dev, progress)
+    if layers is not None:
+        report.layers, report.cache = layers, status
+        return True
+    report.cache = status if status == "miss" else f"{status} (rebuilt)"
+    return False
+
+
+def _quantize_and_cache(
+    entry: Any,
+    model: nn.Module,
+    header: Any,
+    choices: list[Any],
+    p: Preset,
+    devices: tuple[torch.device, torch.device],
+    progress: Progress | None,
+    report: QuantReport,
+) -> None:
+    """Streams the checkpoint through the quantizer into ``model``; saves the cache entry."""
+    dev, qdev = devices
     report.layers = stream_quantize(model, header, choices, p, dev, progress, qdev)
     if entry is not None:
         failed = cache.save(entry, choices, report)
         if failed:
             report.cache = f"{report.cache}; {failed}"
-    report.seconds = time.perf_counter() - start
-    return model, report
 
 
 def _device(setting: str, value: torch.device | str) -> torch.device:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..model.layout import tensor_nbytes
 from .presets import Preset
 
 SETTING = "quant_skip"
@@ -174,20 +175,10 @@ def is_quantized(t: torch.Tensor | None) -> bool:
     return t is not None and hasattr(t, "__tensor_flatten__")
 
 
-def tensor_bytes(t: torch.Tensor | None) -> int:
-    """Bytes a tensor holds, counting a torchao subclass by its inner tensors."""
-    if t is None:
-        return 0
-    if is_quantized(t):
-        names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
-        return sum(tensor_bytes(getattr(t, n)) for n in names)
-    return t.numel() * t.element_size()
-
-
 def module_bytes(mod: nn.Module) -> int:
     """Bytes of the tensors a module owns directly (not its children's)."""
     return sum(
-        tensor_bytes(t)
+        tensor_nbytes(t)
         for t in (*mod._parameters.values(), *mod._buffers.values())
         if t is not None
     )

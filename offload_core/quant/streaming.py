@@ -3,19 +3,23 @@
 Memory: a weight that will be quantized is read into one reused staging buffer (sized for the
 largest such weight); torchao writes its quantized copy into new tensors and the staging
 buffer is overwritten by the next layer. Every tensor kept as it is gets its own allocation
-(allocator-aligned: a weight used in place at a file offset computes different low bits,
-facts.md). So RAM holds the quantized model so far plus about one full-precision layer.
+(allocator-aligned: kernels choose their vectorised paths from the data pointer's alignment,
+so a weight used in place at an arbitrary file offset computes different low bits). So RAM holds the quantized model so far plus about one full-precision layer.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
 from ..formats.safetensors import Header, StoredTensor, read_into, read_new
+from ..model.layout import tensor_nbytes
 from .model_tensors import module_slots, place, state_names
 from .presets import Preset
 from .quantize import move_direct, quantize_linear
@@ -68,6 +72,21 @@ def _aliases(t: torch.Tensor, buffer: torch.Tensor) -> bool:
     return any(x.device == buffer.device and x.untyped_storage().data_ptr() == ptr for x in inner)
 
 
+@dataclass
+class _Stream:
+    """What every layer of one stream_quantize call shares."""
+
+    file: io.FileIO
+    header: Header
+    names: Any  # state_names(model)
+    staging: torch.Tensor | None  # one reused buffer for the weights to quantize
+    device: torch.device
+    qdev: torch.device
+    config: Any
+    placed: dict[int, torch.Tensor] = field(default_factory=dict)  # meta id -> real (tied)
+    keep_alive: list[torch.Tensor] = field(default_factory=list)  # so a meta id is not reused
+
+
 def stream_quantize(
     model: nn.Module,
     header: Header,
@@ -81,67 +100,73 @@ def stream_quantize(
 
     A chosen Linear is quantized on ``quantize_device`` (default ``device``) and then moved to
     ``device``: a GPU-only preset can quantize on the GPU for a model that lives in RAM."""
-    qdev = quantize_device or device
     config = preset.make_config() if preset.quantizes else None
     # The checkpoint's bytes (its dtype may be wider than the model's) of every weight to quantize.
     names = state_names(model)
     staged = [_entry(header, names, _weight(c)).nbytes for c in choices if c.quantize]
     staging = torch.empty(max(staged), dtype=torch.uint8) if staged else None
-    placed: dict[int, torch.Tensor] = {}  # meta tensor id -> real tensor, for tied weights
-    keep_alive: list[torch.Tensor] = []  # so a freed meta tensor's id is never reused
     layers: list[LayerReport] = []
     with open(header.path, "rb", buffering=0) as f:
+        st = _Stream(f, header, names, staging, device, quantize_device or device, config)
         for i, c in enumerate(choices):
-            before = 0
-            weight_id = None
-            for s in module_slots(c.name, c.module):
-                meta = s.get()
-                if not s.persistent:  # built for real by the factory, not in checkpoints
-                    continue
-                before += meta.numel() * meta.element_size()
-                if s.attr == "weight":
-                    weight_id = id(meta)
-                if id(meta) in placed:  # tied: choose_layers never quantizes a shared weight
-                    s.module._parameters[s.attr] = placed[id(meta)]  # type: ignore[assignment]
-                    continue
-                entry = _entry(header, names, meta)
-                if c.quantize and s.attr == "weight" and staging is not None:
-                    read_into(f, entry, staging)
-                    t = staging[: entry.nbytes].view(entry.dtype).view(entry.shape)
-                else:
-                    t = read_new(f, entry)
-                target = qdev if c.quantize else device
-                place(s, t.to(device=target, dtype=meta.dtype), meta.requires_grad)
-                keep_alive.append(meta)
-                placed[id(meta)] = s.get()
+            before, weight_id = _fill_layer(st, c)
             quantized, reason = c.quantize, c.reason
             if quantized:
-                assert isinstance(c.module, nn.Linear) and weight_id is not None
-                quantize_linear(c.module, config)
-                if not is_quantized(c.module.weight):
-                    quantized, reason = False, DECLINED
-                    if staging is not None and _aliases(c.module.weight, staging):
-                        # Still a view of the staging buffer, which the next layer overwrites.
-                        weight_slot = next(
-                            s for s in module_slots(c.name, c.module) if s.attr == "weight"
-                        )
-                        place(weight_slot, c.module.weight.clone())
-                if qdev != device:
-                    move_direct(c.module, device)
-                placed[weight_id] = c.module.weight
-                release_free_memory()
+                quantized, reason = _quantize_layer(st, c, weight_id)
+            kind = type(c.module).__name__
             layers.append(
-                LayerReport(
-                    c.name,
-                    type(c.module).__name__,
-                    quantized,
-                    reason,
-                    before,
-                    module_bytes(c.module),
-                )
+                LayerReport(c.name, kind, quantized, reason, before, module_bytes(c.module))
             )
             if progress is not None:
                 progress(i + 1, len(choices))
+        st.staging = None
     del staging
     release_free_memory()
     return layers
+
+
+def _fill_layer(st: _Stream, c: LayerChoice) -> tuple[int, int | None]:
+    """Reads one layer's tensors from the checkpoint into the model (the weight to quantize
+    through the staging buffer, on the quantize device). Returns its bytes as stored in the
+    model before quantizing, and the id of its meta weight."""
+    before = 0
+    weight_id = None
+    for s in module_slots(c.name, c.module):
+        meta = s.get()
+        if not s.persistent:  # built for real by the factory, not in checkpoints
+            continue
+        before += tensor_nbytes(meta)
+        if s.attr == "weight":
+            weight_id = id(meta)
+        if id(meta) in st.placed:  # tied: choose_layers never quantizes a shared weight
+            s.module._parameters[s.attr] = st.placed[id(meta)]  # type: ignore[assignment]
+            continue
+        entry = _entry(st.header, st.names, meta)
+        if c.quantize and s.attr == "weight" and st.staging is not None:
+            read_into(st.file, entry, st.staging)
+            t = st.staging[: entry.nbytes].view(entry.dtype).view(entry.shape)
+        else:
+            t = read_new(st.file, entry)
+        target = st.qdev if c.quantize else st.device
+        place(s, t.to(device=target, dtype=meta.dtype), meta.requires_grad)
+        st.keep_alive.append(meta)
+        st.placed[id(meta)] = s.get()
+    return before, weight_id
+
+
+def _quantize_layer(st: _Stream, c: LayerChoice, weight_id: int | None) -> tuple[bool, str]:
+    """Quantizes one filled Linear and moves it to the model's device."""
+    assert isinstance(c.module, nn.Linear) and weight_id is not None
+    quantized, reason = True, c.reason
+    quantize_linear(c.module, st.config)
+    if not is_quantized(c.module.weight):
+        quantized, reason = False, DECLINED
+        if st.staging is not None and _aliases(c.module.weight, st.staging):
+            # Still a view of the staging buffer, which the next layer overwrites.
+            weight_slot = next(s for s in module_slots(c.name, c.module) if s.attr == "weight")
+            place(weight_slot, c.module.weight.clone())
+    if st.qdev != st.device:
+        move_direct(c.module, st.device)
+    st.placed[weight_id] = c.module.weight
+    release_free_memory()
+    return quantized, reason

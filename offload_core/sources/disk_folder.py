@@ -1,4 +1,5 @@
-"""The disk tier's folder: made usable before anything is written, or a clear error.
+"""The disk tier's folder: checked read-only as it is typed, made usable before anything is
+written, or a clear error.
 
 The checks run in order and each names ``disk_path``: not a file, creatable, writable (a real
 write: permissions can lie on read-only mounts and ACLs), and room for the group files plus
@@ -9,12 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DiskPathError
 
 #: Free space kept beside the group files, so Ferry never fills a disk to the last byte.
 SPACE_MARGIN = 64 << 20
+GIB = 1 << 30
 
 
 def make_root(disk_path: str) -> tuple[Path, list[Path]]:
@@ -65,3 +68,100 @@ def make_folder(root: Path, folder: Path) -> None:
         raise DiskPathError(
             "disk_path", f"cannot write in {root} ({e.strerror}); choose a writable folder"
         ) from None
+
+
+# ---- The read-only check ---------------------------------------------------------------------
+# The node (before a prompt is queued) and the panel (as the user types) both ask this one
+# function, so a folder gets the same verdict and the same words in both. It only stats and
+# asks access(): it never creates, writes or deletes anything. The applying path above keeps
+# its own create + real-write probe, because access() can be wrong (ACLs, some network mounts).
+
+_ASK_FOR_FOLDER = "type a folder on a fast disk (an SSD/NVMe), e.g. /mnt/nvme/ferry"
+
+
+@dataclass(frozen=True)
+class FolderCheck:
+    """What a folder would do as the disk tier. ``message`` is for the user either way."""
+
+    ok: bool
+    message: str
+    path: Path | None = None
+    free_bytes: int | None = None
+    needed_bytes: int | None = None
+
+    def error(self) -> DiskPathError:
+        return DiskPathError("disk_path", self.message)
+
+    def raise_if_bad(self) -> Path:
+        """The folder, or DiskPathError naming ``disk_path`` with the check's message."""
+        if not self.ok or self.path is None:
+            raise self.error()
+        return self.path
+
+
+def size_text(n: int) -> str:
+    # Small test models would all read "0.00 GB".
+    return f"{n / GIB:.2f} GB" if n >= GIB // 10 else f"{n / (1 << 20):.1f} MB"
+
+
+def check_disk_folder(text: str | None, needed_bytes: int | None = None) -> FolderCheck:
+    """Checks ``text`` as the disk tier's folder for ``needed_bytes`` of group files (plus
+    ``SPACE_MARGIN``): a full path, a folder or creatable, writable, roomy. Read-only."""
+    raw = (text or "").strip()
+    if not raw:
+        return FolderCheck(False, _ASK_FOR_FOLDER)
+    if "\x00" in raw:
+        # Path.exists() answers False for a NUL byte instead of failing: catch it here.
+        return FolderCheck(False, "not a usable path (it contains a NUL character)")
+    try:
+        path = Path(raw).expanduser()
+        if not path.is_absolute():
+            return FolderCheck(False, f"use a full path (starting with / or a drive), not {raw!r}")
+        problem, anchor = _why_unusable(path)
+        if problem:
+            return FolderCheck(False, problem, path)
+        free = shutil.disk_usage(anchor).free
+    except (OSError, ValueError) as e:  # ValueError: a path the OS cannot represent
+        return FolderCheck(False, f"not a usable path ({e})")
+    return _room_verdict(path, free, needed_bytes)
+
+
+def _why_unusable(path: Path) -> tuple[str | None, Path]:
+    """Why ``path`` cannot hold Ferry's folder (None if it can), and the nearest existing
+    folder: the one that must be writable to create the rest."""
+    exists = path.exists()
+    if exists and not path.is_dir():
+        return f"{path} is a file, not a folder", path
+    anchor = path
+    while not anchor.exists() and anchor.parent != anchor:
+        anchor = anchor.parent
+    if not anchor.is_dir():
+        return f"{anchor} is a file, so {path} cannot be created", anchor
+    # access() also answers EROFS for a read-only mount, even to root.
+    if not os.access(anchor, os.W_OK | os.X_OK):
+        if exists:
+            return f"{path} is not writable", anchor
+        return f"{path} cannot be created ({anchor} is not writable)", anchor
+    return None, anchor
+
+
+def _room_verdict(path: Path, free: int, needed: int | None) -> FolderCheck:
+    state = "exists and is writable" if path.exists() else "will be created"
+    if needed is None:
+        return FolderCheck(True, f"{path} {state}; {size_text(free)} free", path, free)
+    if free < needed + SPACE_MARGIN:
+        return FolderCheck(
+            False,
+            f"{path} has {size_text(free)} free, the offloaded groups need {size_text(needed)} "
+            f"(+{SPACE_MARGIN >> 20} MB margin); pick a folder on a disk with more room",
+            path,
+            free,
+            needed,
+        )
+    return FolderCheck(
+        True,
+        f"{path} {state}; {size_text(free)} free, the offloaded groups need {size_text(needed)}",
+        path,
+        free,
+        needed,
+    )

@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..api import apply_offload
-from ..errors import ConfigError, FerryError
+from ..errors import ConfigError
 from ..model.plan import plan_offload
 from ..policy import GIB, BlockLevel, DiskTier, OffloadPolicy, RamTier, Tier
-from ..runtime.memory import PeakRssSampler, device_memory
+from .measure import measure_policy
 
 #: Builds a fresh model and the keyword inputs of one forward: ``model(**inputs)``.
 ModelFactory = Callable[[], tuple[torch.nn.Module, dict[str, Any]]]
@@ -204,21 +201,6 @@ def _planned_device_bytes(plan: Any) -> int | None:
     return None
 
 
-def _sync(device: torch.device) -> None:
-    if device.type != "cpu":
-        torch.accelerator.synchronize(device)
-
-
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cpu":
-        return
-    acc = torch.accelerator
-    if hasattr(acc, "reset_peak_memory_stats"):
-        acc.reset_peak_memory_stats(device)
-    elif device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
 def recommend(rows: Sequence[TuneRow], budget: Budget) -> tuple[TuneRow | None, str]:
     """The fastest row that ran and fits; ties go to the smaller VRAM peak."""
     ok = [r for r in rows if r.fits and r.seconds_per_forward is not None]
@@ -267,29 +249,7 @@ def autotune(
         raise ConfigError("warmup", f"must be a whole number >= 0, got {warmup!r}")
     device = torch.device(onload_device)
     factory = model_factory or demo_factory()
-
-    # Plan every candidate first: nothing moves, and a bad setting fails now, not after minutes.
-    model, _ = factory()
-    first = OffloadPolicy(level=BlockLevel(1), tier=RamTier())
-    max_blocks = plan_offload(model, first, onload_device=str(device)).max_blocks_per_group
-    policies = (
-        list(candidates)
-        if candidates is not None
-        else candidate_policies(
-            max_blocks,
-            onload_device=str(device),
-            disk_path=disk_path,
-            vram_budget=budget.vram_bytes,
-        )
-    )
-    if not policies:
-        raise ConfigError("candidates", "needs at least one policy to measure")
-    planned = [
-        _planned_device_bytes(plan_offload(model, p, onload_device=str(device))) for p in policies
-    ]
-    del model
-    gc.collect()
-
+    policies, planned, max_blocks = _plan_all(factory, device, budget, disk_path, candidates)
     total = len(policies)
     rows: list[TuneRow] = []
     for i, (policy, plan_bytes) in enumerate(zip(policies, planned, strict=True), start=1):
@@ -304,6 +264,38 @@ def autotune(
     return TuneResult(rows, budget, str(device), best, reason, {"max_blocks_per_group": max_blocks})
 
 
+def _plan_all(
+    factory: ModelFactory,
+    device: torch.device,
+    budget: Budget,
+    disk_path: str | None,
+    candidates: Sequence[OffloadPolicy] | None,
+) -> tuple[list[OffloadPolicy], list[int | None], int]:
+    """Plans every candidate first: nothing moves, and a bad setting fails now, not after
+    minutes of measuring. Returns the policies, each one's planned device bytes, and the
+    model's longest block list."""
+    model, _ = factory()
+    first = OffloadPolicy(level=BlockLevel(1), tier=RamTier())
+    max_blocks = plan_offload(model, first, onload_device=str(device)).max_blocks_per_group
+    if candidates is not None:
+        policies = list(candidates)
+    else:
+        policies = candidate_policies(
+            max_blocks,
+            onload_device=str(device),
+            disk_path=disk_path,
+            vram_budget=budget.vram_bytes,
+        )
+    if not policies:
+        raise ConfigError("candidates", "needs at least one policy to measure")
+    planned = [
+        _planned_device_bytes(plan_offload(model, p, onload_device=str(device))) for p in policies
+    ]
+    del model
+    gc.collect()
+    return policies, planned, max_blocks
+
+
 def _measure(
     index: int,
     label: str,
@@ -316,45 +308,19 @@ def _measure(
     warmup: int,
 ) -> TuneRow:
     model, inputs = factory()
-    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    _reset_peak(device)
-    times: list[float] = []
-    handle = None
-    error: str | None = None
-    sampler = PeakRssSampler(interval_s=0.005).start()
-    try:
-        handle = apply_offload(model, policy, onload_device=str(device), name=f"planner #{index}")
-        with torch.inference_mode():
-            for n in range(warmup + steps):
-                t0 = time.perf_counter()
-                model(**inputs)
-                _sync(device)
-                if n >= warmup:
-                    times.append(time.perf_counter() - t0)
-    except (FerryError, torch.OutOfMemoryError) as e:
-        # A plan that does not fit this machine is a result (a row that says why), not a crash.
-        error = f"{type(e).__name__}: {e}"
-    finally:
-        # remove() deletes only the files this offload wrote.
-        if handle is not None:
-            handle.remove()
-        peak = sampler.stop()
-    ram = peak.rss_anon + peak.rss_shmem
-    if error is not None:
-        return TuneRow(index, label, policy, None, None, False, ram, peak.rss_file, False, error)
-    dev = device_memory(device)
-    vram = dev.peak_allocated if dev is not None else plan_bytes
-    return TuneRow(
-        index=index,
-        label=label,
-        policy=policy,
-        seconds_per_forward=statistics.median(times),
-        peak_vram=vram,
-        vram_measured=dev is not None,
-        peak_ram=ram,
-        peak_ram_file=peak.rss_file,
-        fits=_fits(budget, vram, ram),
+    m = measure_policy(
+        model, inputs, policy, device, name=f"planner #{index}", steps=steps, warmup=warmup
     )
+    if m.error is not None:
+        return TuneRow(index, label, policy, None, None, False, m.peak_ram, m.peak_ram_file,
+                       False, m.error)  # fmt: skip
+    # Without an accelerator that reports memory, the plan's device bytes stand in.
+    vram = m.peak_vram if m.peak_vram is not None else plan_bytes
+    return TuneRow(
+        index=index, label=label, policy=policy, seconds_per_forward=m.seconds_per_forward,
+        peak_vram=vram, vram_measured=m.peak_vram is not None, peak_ram=m.peak_ram,
+        peak_ram_file=m.peak_ram_file, fits=_fits(budget, vram, m.peak_ram),
+    )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

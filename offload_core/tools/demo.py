@@ -68,8 +68,17 @@ def _reset_peak(device: torch.device) -> None:
 
 def run_demo(args: argparse.Namespace, echo: Callable[[str], Any] = print) -> list[Row]:
     device = resolve_device(args.device)
-    dtype = DTYPES[args.dtype]
-    policy = OffloadPolicy.from_dict(
+    policy = _policy_from_args(args)
+    model, x = _build(args, device, echo)
+    resident, ref = _run_resident(model, x, args.forwards, device)
+    offloaded = _run_offloaded(model, x, policy, args.forwards, device, echo, ref)
+    rows = [resident, offloaded]
+    echo(format_table(rows, resident.seconds, args.forwards + 1))
+    return rows
+
+
+def _policy_from_args(args: argparse.Namespace) -> OffloadPolicy:
+    return OffloadPolicy.from_dict(
         {
             "level": args.level,
             "blocks_per_group": args.blocks_per_group,
@@ -79,9 +88,15 @@ def run_demo(args: argparse.Namespace, echo: Callable[[str], Any] = print) -> li
             "vram_budget_gb": args.vram_budget_gb,
         }
     )
+
+
+def _build(
+    args: argparse.Namespace, device: torch.device, echo: Callable[[str], Any]
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The demo DiT (quantized if asked) and one forward's inputs on ``device``."""
     tokens = args.tokens or (1024 if device.type != "cpu" else 64)
     echo(f"building a {args.size_gb:g} GB {args.dtype} demo DiT (seed {args.seed}) ...")
-    model = build_demo_model(args.size_gb, dtype, seed=args.seed)
+    model = build_demo_model(args.size_gb, DTYPES[args.dtype], seed=args.seed)
     if args.quant and args.quant != "none":
         from ..quant import quantize_model
 
@@ -92,21 +107,35 @@ def run_demo(args: argparse.Namespace, echo: Callable[[str], Any] = print) -> li
         f"model: {n_params / 1e6:.0f} M parameters, {len(model.double_blocks)} double + "
         f"{len(model.single_blocks)} single blocks; {tokens} image tokens; device {device}"
     )
-    x = demo_inputs(model, tokens=tokens, seed=args.seed, device=device)
-    rows = []
+    return model, demo_inputs(model, tokens=tokens, seed=args.seed, device=device)
 
-    # Resident: the whole model on the device.
+
+def _run_resident(
+    model: torch.nn.Module, x: dict[str, Any], forwards: int, device: torch.device
+) -> tuple[Row, torch.Tensor]:
+    """The whole model on the device: the speed to match and the output to equal."""
     model.to(device)
     _reset_peak(device)
     with PeakRssSampler() as rss:
-        t_res, ref = _timed(model, x, args.forwards, device)
+        t_res, ref = _timed(model, x, forwards, device)
     dm = device_memory(device)
-    rows.append(Row("resident", t_res, dm.peak_allocated if dm else None, rss.peak))
+    row = Row("resident", t_res, dm.peak_allocated if dm else None, rss.peak)
     ref = ref.detach().clone()
     model.to("cpu")
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    return row, ref
 
+
+def _run_offloaded(
+    model: torch.nn.Module,
+    x: dict[str, Any],
+    policy: OffloadPolicy,
+    forwards: int,
+    device: torch.device,
+    echo: Callable[[str], Any],
+    ref: torch.Tensor,
+) -> Row:
     echo("offloading ...")
     handle = apply_offload(
         model, policy, onload_device=device, name="demo", progress=_progress(echo)
@@ -115,28 +144,16 @@ def run_demo(args: argparse.Namespace, echo: Callable[[str], Any] = print) -> li
     try:
         _reset_peak(device)
         with PeakRssSampler() as rss:
-            t_off, out = _timed(model, x, args.forwards, device)
+            t_off, out = _timed(model, x, forwards, device)
         st = handle.stats()
     finally:
         handle.remove()
     moved_s = st.transfer_s
     rate = (st.bytes_h2d + st.bytes_disk) / moved_s / 1e9 if moved_s > 0 else None
-    rows.append(
-        Row(
-            f"ferry {policy.level_name}/{policy.tier_name}",
-            t_off,
-            st.peak_vram,
-            rss.peak,
-            st.bytes_h2d,
-            st.bytes_disk,
-            rate,
-            st.stall_s,
-            st.overlap,
-            bool(torch.equal(out, ref)),
-        )
-    )
-    echo(format_table(rows, t_res, args.forwards + 1))
-    return rows
+    return Row(
+        f"ferry {policy.level_name}/{policy.tier_name}", t_off, st.peak_vram, rss.peak,
+        st.bytes_h2d, st.bytes_disk, rate, st.stall_s, st.overlap, bool(torch.equal(out, ref)),
+    )  # fmt: skip
 
 
 def _progress(echo: Callable[[str], Any]) -> Callable[[int, int], None]:

@@ -13,6 +13,7 @@ Nothing starts at import: ``get_monitor().start()`` starts the thread; ``stop()`
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -23,6 +24,8 @@ from typing import Any
 import torch
 
 from ..runtime.memory import device_memory, process_memory, system_available_ram
+
+log = logging.getLogger("ferry")
 
 
 @dataclass(frozen=True)
@@ -82,20 +85,33 @@ def default_device() -> str | None:
     return "cuda" if torch.cuda.is_available() else None
 
 
-def _read_offloads() -> list[OffloadSample]:
+#: (offload name, error type) pairs whose traceback is already in the log: a handle whose
+#: stats fail keeps failing every tick, and one traceback says all there is to say.
+_logged_stat_errors: set[tuple[str, str]] = set()
+
+
+def read_offloads() -> list[OffloadSample]:
+    """Every live offload's stats, read now. One broken handle gives an ``error`` entry (and
+    one logged traceback) instead of stopping the sampler or a stats reply."""
     # Imported here: the registry belongs to the engine, and the monitor must stay usable
     # (RAM/VRAM only) in a tree where the engine is not importable.
     try:
         from ..registry import live_offloads
     except ImportError:
+        log.debug("ferry monitor: no engine registry; sampling RAM/VRAM only", exc_info=True)
         return []
     out = []
     for i, handle in enumerate(live_offloads()):
+        name = str(getattr(handle, "name", None) or f"model {i}")
         try:
             stats = handle.stats().as_dict()
-        except Exception as e:  # one broken handle must not stop the sampler
+        except Exception as e:
             stats = {"error": f"{type(e).__name__}: {e}"}
-        out.append(OffloadSample(str(getattr(handle, "name", None) or f"model {i}"), stats))
+            key = (name, type(e).__name__)
+            if key not in _logged_stat_errors:
+                _logged_stat_errors.add(key)
+                log.warning("ferry monitor: reading %s's stats failed", name, exc_info=True)
+        out.append(OffloadSample(name, stats))
     return out
 
 
@@ -128,7 +144,7 @@ class Monitor:
         history_s: float = 300.0,
         device: str | None = None,
         *,
-        read_offloads: Callable[[], list[OffloadSample]] = _read_offloads,
+        read_offloads: Callable[[], list[OffloadSample]] = read_offloads,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
@@ -140,6 +156,9 @@ class Monitor:
         self._offloads: list[OffloadSample] = []
         self._read_offloads = read_offloads
         self._listeners: list[Listener] = []
+        #: Listeners whose failure is already logged (a list: a bound method is not hashable
+        #: by identity, and equality is what remove_listener uses too).
+        self._failed_listeners: list[Listener] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -161,11 +180,25 @@ class Monitor:
             self._offloads = offloads
             listeners = list(self._listeners)
         for fn in listeners:
-            try:
-                fn(sample, offloads)
-            except Exception:  # a listener's bug (e.g. a closed websocket) must not kill sampling
-                pass
+            self._tell(fn, sample, offloads)
         return sample
+
+    def _tell(self, fn: Listener, sample: Sample, offloads: list[OffloadSample]) -> None:
+        try:
+            fn(sample, offloads)
+        except Exception:
+            # A listener's bug (e.g. a closed websocket) must not kill sampling. Its traceback
+            # is logged on its first failure only: a broken listener fails every tick.
+            with self._lock:
+                first = fn not in self._failed_listeners
+                if first:
+                    self._failed_listeners.append(fn)
+            if first:
+                log.warning(
+                    "ferry monitor: listener %r failed; sampling goes on", fn, exc_info=True
+                )
+            else:
+                log.debug("ferry monitor: listener %r failed again", fn)
 
     def _run(self) -> None:
         next_t = time.monotonic()
@@ -216,6 +249,8 @@ class Monitor:
         with self._lock:
             if fn in self._listeners:
                 self._listeners.remove(fn)
+            while fn in self._failed_listeners:
+                self._failed_listeners.remove(fn)
 
 
 _shared: Monitor | None = None

@@ -69,6 +69,11 @@ def test_object_info_lists_the_nodes_with_tooltips(client: Client) -> None:
         "model", "use_panel_settings", "level", "blocks_per_group", "tier", "disk_path",
         "prefetch_depth", "vram_budget",
     ]  # fmt: skip
+    # Optional, so a workflow saved before they existed still validates (the other tests'
+    # graphs leave them out).
+    assert list(info["FerryOffloadModel"]["input"]["optional"]) == [
+        "headroom_gb", "direct_io", "verify", "cpu_read",
+    ]  # fmt: skip
     presets = info["FerryLoadDiffusionModelQuantized"]["input"]["required"]["quant_preset"][1][
         "options"
     ]

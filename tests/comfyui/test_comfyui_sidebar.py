@@ -16,7 +16,8 @@ from ferry_workflows import Client, error_message, ferry, graph
 
 pytestmark = pytest.mark.browser
 CHROMIUM = os.environ.get("FERRY_CHROMIUM", "/usr/bin/chromium")
-# The launch flags that work on a headless CI machine (facts.md).
+# Flags that let chromium start on a headless CI machine: no GPU, no user namespace for its
+# sandbox, and no network (it would otherwise fetch components and wait on them).
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--no-first-run"]  # fmt: skip
 

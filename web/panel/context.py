@@ -27,6 +27,7 @@ from ...offload_core import (
     live_offloads,
     plan_offload,
 )
+from ...offload_core.model.layout import module_nbytes
 from ...offload_core.tools.monitor import Monitor, get_monitor
 from ...offload_core.tools.settings_file import (
     PanelSettings,
@@ -40,7 +41,8 @@ DEFAULT_MAX_BLOCKS = 64
 
 
 def model_bytes(model: torch.nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    """The model's size as Ferry lays it out (torchao tensors by their inner tensors)."""
+    return module_nbytes(model)
 
 
 def meta_twin(model: torch.nn.Module) -> torch.nn.Module:

@@ -1,7 +1,8 @@
 """The live monitor tab: VRAM and RAM over the last minutes, and per-model offload stats.
 
 The page only READS the monitor's ring buffer on a gr.Timer tick; sampling happens on the
-monitor's own thread whether or not a page is open (facts.md: a Timer ticks per open page).
+monitor's own thread whether or not a page is open: a gr.Timer ticks once per open page,
+so sampling on the tick would sample once per tab and stop when the last tab closes.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from ...offload_core.tools.autotune import Budget, TuneResult, autotune, demo_fa
 from ...offload_core.tools.settings_file import PanelSettings
 from .context import PanelContext
 from .disk_check import check_disk_path
-from .forms import form_from_settings
+from .forms import Form, form_from_settings
 
 GB = float(1 << 30)
 TABLE_COLUMNS = ["#", "plan", "s/forward", "peak VRAM GB", "peak RAM GB", "fits", "note"]
@@ -60,7 +60,7 @@ def run_planner(
         if not chk.ok:
             raise ConfigError(
                 "disk_path",
-                chk.message.removeprefix("disk_path: ") + " (or clear it to skip the disk tier)",
+                chk.message + " (or clear it to skip the disk tier)",
             )
     if ctx.is_busy():
         raise ConfigError("run", "a job is running; run the planner when it has finished")
@@ -99,12 +99,14 @@ def planner_event(ctx: PanelContext, vram_gb: Any, ram_gb: Any, size_gb: Any, di
 def save_recommended(ctx: PanelContext, best: dict[str, Any] | None, quant: str) -> list[Any]:
     """Saves the recommended plan (keeping the chosen quantization) and fills the settings form."""
     if not best:
-        return [gr.skip()] * 8 + ["✖ Nothing to save yet: run the planner first (or no plan fit)."]
+        return [gr.skip()] * len(Form._fields) + [
+            "✖ Nothing to save yet: run the planner first (or no plan fit)."
+        ]
     try:
         settings = PanelSettings(OffloadPolicy.from_dict(best), quant or "none")
         path = ctx.save(settings)
     except FerryError as e:
-        return [gr.skip()] * 8 + [f"✖ Not saved. {e}"]
+        return [gr.skip()] * len(Form._fields) + [f"✖ Not saved. {e}"]
     form = form_from_settings(settings)
     return [*form, f"✔ Saved the recommended plan to `{path}`; the Settings tab shows it."]
 

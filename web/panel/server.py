@@ -54,31 +54,15 @@ def launch_panel(
     """
     with _lock:
         # Checked even when a panel already runs: a refused address is refused every time.
-        if not isinstance(host, str) or not host.strip():
-            raise ConfigError("host", f"must be an address such as 127.0.0.1, got {host!r}")
-        if not is_loopback(host) and not allow_remote:
-            raise ConfigError(
-                "host",
-                f"{host} would let other machines reach the panel; pass allow_remote=True "
-                "(scripts/panel.py: --listen) to mean it, or use 127.0.0.1",
-            )
+        _check_host(host, allow_remote)
         if _running:
             return str(_running["url"])
         if not is_loopback(host):
             print(f"ferry panel: WARNING: listening on {host}: anyone who can reach this machine "
                   "can change Ferry's settings and run the planner", file=sys.stderr)  # fmt: skip
-        if port is not None and (
-            isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536
-        ):
-            raise ConfigError(
-                "port", f"must be 1..65535 or empty for the first free one, got {port!r}"
-            )
-        if demo_size_gb is not None and not demo_size_gb > 0:
-            raise ConfigError("demo_size_gb", f"must be > 0, got {demo_size_gb!r}")
+        _check_port_and_demo(port, demo_size_gb)
         # No phoning home from a tool that may run beside private work.
         os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-        from .app import build_panel
-
         monitor = get_monitor()
         started_monitor = not monitor.running
         monitor.start()
@@ -86,26 +70,56 @@ def launch_panel(
             settings_path=settings_path, monitor=monitor, is_busy=is_busy, reapply_hook=reapply_hook
         )
         try:
-            if demo_size_gb is not None:
-                ctx.demo = DemoSession(size_gb=float(demo_size_gb))
-                try:
-                    saved = ctx.load()
-                except ConfigError as e:
-                    saved = PanelSettings()
-                    print(f"ferry panel: settings file ignored: {e}", file=sys.stderr)
-                ctx.last_status = ctx.start_demo(saved)
-            blocks = build_panel(ctx)
-            blocks.queue()
-            _, url, _ = blocks.launch(
-                server_name=host, server_port=port, prevent_thread_lock=True, quiet=True,
-                inbrowser=False, share=False, show_error=True, ssr_mode=False,
-            )  # fmt: skip
+            blocks, url = _start(ctx, host, port, demo_size_gb)
         except BaseException:
             # A busy port (OSError) or a failed build leaves nothing running behind.
             _release(ctx, started_monitor)
             raise
         _running.update(url=url, blocks=blocks, ctx=ctx, started_monitor=started_monitor)
         return str(url)
+
+
+def _check_host(host: Any, allow_remote: bool) -> None:
+    if not isinstance(host, str) or not host.strip():
+        raise ConfigError("host", f"must be an address such as 127.0.0.1, got {host!r}")
+    if not is_loopback(host) and not allow_remote:
+        raise ConfigError(
+            "host",
+            f"{host} would let other machines reach the panel; pass allow_remote=True "
+            "(scripts/panel.py: --listen) to mean it, or use 127.0.0.1",
+        )
+
+
+def _check_port_and_demo(port: Any, demo_size_gb: Any) -> None:
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536
+    ):
+        raise ConfigError("port", f"must be 1..65535 or empty for the first free one, got {port!r}")
+    if demo_size_gb is not None and not demo_size_gb > 0:
+        raise ConfigError("demo_size_gb", f"must be > 0, got {demo_size_gb!r}")
+
+
+def _start(
+    ctx: PanelContext, host: str, port: int | None, demo_size_gb: float | None
+) -> tuple[Any, str]:
+    """Builds the demo (standalone use) and the page, and starts serving it."""
+    from .app import build_panel
+
+    if demo_size_gb is not None:
+        ctx.demo = DemoSession(size_gb=float(demo_size_gb))
+        try:
+            saved = ctx.load()
+        except ConfigError as e:
+            saved = PanelSettings()
+            print(f"ferry panel: settings file ignored: {e}", file=sys.stderr)
+        ctx.last_status = ctx.start_demo(saved)
+    blocks = build_panel(ctx)
+    blocks.queue()
+    _, url, _ = blocks.launch(
+        server_name=host, server_port=port, prevent_thread_lock=True, quiet=True,
+        inbrowser=False, share=False, show_error=True, ssr_mode=False,
+    )  # fmt: skip
+    return blocks, str(url)
 
 
 def panel_url() -> str | None:

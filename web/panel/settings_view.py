@@ -9,9 +9,10 @@ import gradio as gr
 import pandas as pd
 
 from ...offload_core.errors import ConfigError, FerryError
+from ...offload_core.policy import DiskTier
 from ...offload_core.tools.settings_file import known_quant_presets
 from .context import PanelContext
-from .disk_check import check_disk_path
+from .disk_check import check_disk_path, markdown
 from .forms import Form, form_from_settings, settings_from_form
 
 GB = float(1 << 30)
@@ -69,15 +70,13 @@ def preview(ctx: PanelContext, *values: Any) -> tuple[pd.DataFrame, str]:
 
 def check_disk(ctx: PanelContext, disk_path: str) -> str:
     """The disk-path field's live check. Reads only the path typed in that field."""
-    return check_disk_path(disk_path, ctx.needed_disk_bytes()).markdown()
+    return markdown(check_disk_path(disk_path, ctx.needed_disk_bytes()))
 
 
 def _validated(ctx: PanelContext, values: tuple[Any, ...]) -> Any:
     settings = settings_from_form(*values)
     if settings.policy.tier_name == "disk":
-        chk = check_disk_path(Form(*values).disk_path, ctx.needed_disk_bytes())
-        if not chk.ok:
-            raise ConfigError("disk_path", chk.message.removeprefix("disk_path: "))
+        check_disk_path(Form(*values).disk_path, ctx.needed_disk_bytes()).raise_if_bad()
     top = ctx.max_blocks()
     k = getattr(settings.policy.level, "blocks_per_group", 1)
     if k > top:
@@ -124,8 +123,105 @@ def load_form(ctx: PanelContext) -> list[Any]:
     form = form_from_settings(settings)
     top = ctx.max_blocks()
     blocks = gr.Slider(minimum=1, maximum=top, step=1, value=min(int(form.blocks_per_group), top))
-    return [form.level, blocks, form.tier, form.disk_path, form.prefetch_depth, form.vram_budget,
-            form.headroom_gb, form.quant_preset, msg]  # fmt: skip
+    return [*form._replace(blocks_per_group=blocks), msg]
+
+
+def _model_widgets(ctx: PanelContext) -> list[Any]:
+    """How the model is cut and where it waits (left column): level, blocks, tier, folder."""
+    level = gr.Radio(
+        [("Groups of blocks (recommended)", "block"), ("Layer by layer (least VRAM, slowest)", "leaf")],
+        value="block", label="How to cut the model", elem_id="ferry-level",
+        info="A block is one of the model's repeated stages (a transformer block).",
+    )  # fmt: skip
+    blocks = gr.Slider(
+        1, ctx.max_blocks(), value=1, step=1, label="Blocks moved together",
+        info="More blocks at once: faster, but needs more VRAM. Fewer: less VRAM.",
+        elem_id="ferry-blocks",
+    )  # fmt: skip
+    tier = gr.Radio(
+        [("Pinned RAM (fastest)", "pinned"), ("RAM", "ram"), ("Disk (SSD/NVMe)", "disk")],
+        value="pinned", label="Where the rest of the model waits", elem_id="ferry-tier",
+        info="Disk needs almost no RAM, and a fast SSD keeps it quick.",
+    )  # fmt: skip
+    disk_path = gr.Textbox(
+        label="Disk folder (for the disk tier)", placeholder="/mnt/nvme/ferry",
+        info="A folder on your fastest disk. Ferry writes its files there and deletes them after.",
+        elem_id="ferry-disk-path",
+    )  # fmt: skip
+    return [level, blocks, tier, disk_path]
+
+
+def _memory_widgets(ctx: PanelContext) -> list[Any]:
+    """How much runs on the GPU (right column): look-ahead, budget, headroom, quantization."""
+    prefetch = gr.Slider(
+        1, 8, value=1, step=1, label="Look-ahead (groups loaded in advance)",
+        info="2 or more can hide slow disks; each one costs a little more VRAM.",
+        elem_id="ferry-prefetch",
+    )  # fmt: skip
+    vram_budget = gr.Textbox(
+        label="VRAM budget (GB)", placeholder="empty = stream everything; 'auto' = use what is free",
+        info="Ferry keeps as much of the model on the GPU as this allows.", elem_id="ferry-vram-budget",
+    )  # fmt: skip
+    headroom = gr.Number(
+        value=2.0, label="Headroom for 'auto' (GB)", minimum=0,
+        info="VRAM left free for the image itself (activations, VAE).", elem_id="ferry-headroom",
+    )  # fmt: skip
+    quant = gr.Dropdown(
+        quant_choices(ctx.onload_device), value="none", label="Quantization",
+        info="Smaller weights move faster and need less memory, at a small cost in quality.",
+        elem_id="ferry-quant",
+    )  # fmt: skip
+    return [prefetch, vram_budget, headroom, quant]
+
+
+def _advanced_disk_widgets() -> list[Any]:
+    """The disk tier's rarer options, folded away: the defaults suit almost every machine."""
+    defaults = DiskTier("")
+    with gr.Accordion("Advanced (disk tier)", open=False, elem_id="ferry-advanced"):
+        direct_io = gr.Checkbox(
+            value=defaults.direct_io, label="Unbuffered reads (skip the page cache)", elem_id="ferry-direct-io",
+            info="O_DIRECT: no page-cache copy, so the cache stays free for the rest of the machine. Off: "
+            "buffered reads, faster only when the group files fit in RAM anyway.",
+        )  # fmt: skip
+        verify = gr.Radio(
+            [("Once per group (first read)", "first_read"), ("Every read", "every_read")],
+            value=defaults.verify, label="Verify checksums", elem_id="ferry-verify",
+            info="Every read: catches a disk that corrupts data later, at some CPU cost.",
+        )  # fmt: skip
+        cpu_read = gr.Radio(
+            [("Map the files (no copy)", "mapped"), ("Copy into a buffer", "copy")],
+            value=defaults.cpu_read, label="On a CPU-only machine", elem_id="ferry-cpu-read",
+            info="Mapped computes straight from the files' page cache. On a GPU groups are always copied.",
+        )  # fmt: skip
+    return [direct_io, verify, cpu_read]
+
+
+def _wire(ctx: PanelContext, demo: gr.Blocks, form: list[Any], view: dict[str, Any]) -> None:
+    """The events: preview on every change, the disk check as typed, Save, Apply, page load."""
+    plot, summary, status = view["plot"], view["summary"], view["status"]
+    for i, w in enumerate(form):
+        # One public endpoint (the first) for API users; the rest are the same call, private.
+        w.change(lambda *v: preview(ctx, *v), inputs=form, outputs=[plot, summary],
+                 api_name="plan_preview" if i == 0 else None,
+                 api_visibility="public" if i == 0 else "private",
+                 show_progress="hidden", trigger_mode="always_last")  # fmt: skip
+    disk_path, disk_status = view["disk_path"], view["disk_status"]
+    disk_path.input(lambda p: check_disk(ctx, p), inputs=disk_path, outputs=disk_status,
+                    api_name="check_disk", show_progress="hidden", trigger_mode="always_last")  # fmt: skip
+    disk_path.change(lambda p: check_disk(ctx, p), inputs=disk_path, outputs=disk_status,
+                     api_visibility="private", show_progress="hidden")  # fmt: skip
+    view["save"].click(
+        lambda *v: save(ctx, *v), inputs=form, outputs=status, api_name="save_settings"
+    )
+    view["apply"].click(
+        lambda *v: apply(ctx, *v), inputs=form, outputs=status, api_name="apply_settings"
+    )
+    # The preview is drawn once the saved values are in (a value set to what it already was
+    # fires no change event).
+    demo.load(lambda: load_form(ctx), outputs=[*form, view["file_note"]], api_name="load_settings").then(
+        lambda *v: preview(ctx, *v), inputs=form, outputs=[plot, summary], api_visibility="private",
+        show_progress="hidden",
+    )  # fmt: skip
 
 
 def build_settings_tab(ctx: PanelContext, demo: gr.Blocks) -> list[Any]:
@@ -135,80 +231,25 @@ def build_settings_tab(ctx: PanelContext, demo: gr.Blocks) -> list[Any]:
         "is needed. These settings choose how. **Save** writes them for ComfyUI's Ferry nodes; "
         "**Apply** re-offloads the models loaded now (between runs)."
     )
-    file_note = gr.Markdown(elem_id="ferry-settings-file")
+    view: dict[str, Any] = {"file_note": gr.Markdown(elem_id="ferry-settings-file")}
     with gr.Row():
         with gr.Column():
-            level = gr.Radio(
-                [("Groups of blocks (recommended)", "block"), ("Layer by layer (least VRAM, slowest)", "leaf")],
-                value="block", label="How to cut the model", elem_id="ferry-level",
-                info="A block is one of the model's repeated stages (a transformer block).",
-            )  # fmt: skip
-            blocks = gr.Slider(
-                1, ctx.max_blocks(), value=1, step=1, label="Blocks moved together",
-                info="More blocks at once: faster, but needs more VRAM. Fewer: less VRAM.",
-                elem_id="ferry-blocks",
-            )  # fmt: skip
-            tier = gr.Radio(
-                [("Pinned RAM (fastest)", "pinned"), ("RAM", "ram"), ("Disk (SSD/NVMe)", "disk")],
-                value="pinned", label="Where the rest of the model waits", elem_id="ferry-tier",
-                info="Disk needs almost no RAM, and a fast SSD keeps it quick.",
-            )  # fmt: skip
-            disk_path = gr.Textbox(
-                label="Disk folder (for the disk tier)", placeholder="/mnt/nvme/ferry",
-                info="A folder on your fastest disk. Ferry writes its files there and deletes them after.",
-                elem_id="ferry-disk-path",
-            )  # fmt: skip
-            disk_status = gr.Markdown(elem_id="ferry-disk-check")
+            model_widgets = _model_widgets(ctx)
+            view["disk_status"] = gr.Markdown(elem_id="ferry-disk-check")
         with gr.Column():
-            prefetch = gr.Slider(
-                1, 8, value=1, step=1, label="Look-ahead (groups loaded in advance)",
-                info="2 or more can hide slow disks; each one costs a little more VRAM.",
-                elem_id="ferry-prefetch",
-            )  # fmt: skip
-            vram_budget = gr.Textbox(
-                label="VRAM budget (GB)", placeholder="empty = stream everything; 'auto' = use what is free",
-                info="Ferry keeps as much of the model on the GPU as this allows.", elem_id="ferry-vram-budget",
-            )  # fmt: skip
-            headroom = gr.Number(
-                value=2.0, label="Headroom for 'auto' (GB)", minimum=0,
-                info="VRAM left free for the image itself (activations, VAE).", elem_id="ferry-headroom",
-            )  # fmt: skip
-            quant = gr.Dropdown(
-                quant_choices(ctx.onload_device), value="none", label="Quantization",
-                info="Smaller weights move faster and need less memory, at a small cost in quality.",
-                elem_id="ferry-quant",
-            )  # fmt: skip
+            memory_widgets = _memory_widgets(ctx)
+    advanced = _advanced_disk_widgets()
     with gr.Row():
-        plot = gr.BarPlot(
+        view["plot"] = gr.BarPlot(
             x="where", y="GB", title="Where the weights will live", height=240,
-            sort=[label for _, label in PLACES],
-            elem_id="ferry-plan-plot",
+            sort=[label for _, label in PLACES], elem_id="ferry-plan-plot",
         )  # fmt: skip
-        summary = gr.Markdown(elem_id="ferry-plan-summary")
+        view["summary"] = gr.Markdown(elem_id="ferry-plan-summary")
     with gr.Row():
-        save_btn = gr.Button("Save", variant="primary", elem_id="ferry-save")
-        apply_btn = gr.Button("Apply to loaded models", elem_id="ferry-apply")
-    status = gr.Markdown(elem_id="ferry-settings-status")
-
-    form: list[Any] = [level, blocks, tier, disk_path, prefetch, vram_budget, headroom, quant]
-    for i, w in enumerate(form):
-        # One public endpoint (the first) for API users; the rest are the same call, private.
-        w.change(lambda *v: preview(ctx, *v), inputs=form, outputs=[plot, summary],
-                 api_name="plan_preview" if i == 0 else None,
-                 api_visibility="public" if i == 0 else "private",
-                 show_progress="hidden", trigger_mode="always_last")  # fmt: skip
-    disk_path.input(lambda p: check_disk(ctx, p), inputs=disk_path, outputs=disk_status,
-                    api_name="check_disk", show_progress="hidden", trigger_mode="always_last")  # fmt: skip
-    disk_path.change(lambda p: check_disk(ctx, p), inputs=disk_path, outputs=disk_status,
-                     api_visibility="private", show_progress="hidden")  # fmt: skip
-    save_btn.click(lambda *v: save(ctx, *v), inputs=form, outputs=status, api_name="save_settings")
-    apply_btn.click(
-        lambda *v: apply(ctx, *v), inputs=form, outputs=status, api_name="apply_settings"
-    )
-    # The preview is drawn once the saved values are in (a value set to what it already was
-    # fires no change event).
-    demo.load(lambda: load_form(ctx), outputs=[*form, file_note], api_name="load_settings").then(
-        lambda *v: preview(ctx, *v), inputs=form, outputs=[plot, summary], api_visibility="private",
-        show_progress="hidden",
-    )  # fmt: skip
+        view["save"] = gr.Button("Save", variant="primary", elem_id="ferry-save")
+        view["apply"] = gr.Button("Apply to loaded models", elem_id="ferry-apply")
+    view["status"] = gr.Markdown(elem_id="ferry-settings-status")
+    view["disk_path"] = model_widgets[3]
+    form: list[Any] = [*model_widgets, *memory_widgets, *advanced]
+    _wire(ctx, demo, form, view)
     return form

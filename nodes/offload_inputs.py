@@ -1,0 +1,96 @@
+"""The widgets of "Ferry Offload Model", declared apart so the node file stays thin.
+
+The ids are stable forever: saved workflows refer to them. New inputs go last and optional,
+with the same defaults as ``execute()``'s keyword arguments.
+"""
+
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from ..offload_core import DiskTier
+from ..offload_core.policy import DEFAULT_HEADROOM_GB
+from .config import CPU_READ_CHOICES, LEVELS, TIERS, VERIFY_CHOICES
+
+
+def how_inputs() -> list[io.Input]:
+    """How the model is cut and where the rest of it waits."""
+    return [
+        io.Combo.Input(
+            "level",
+            options=list(LEVELS),
+            default="block",
+            tooltip="block: move whole transformer blocks (fast, the usual choice). "
+            "leaf: move layer by layer (least VRAM, more transfers).",
+        ),
+        io.Int.Input(
+            "blocks_per_group",
+            default=1,
+            min=1,
+            max=256,
+            tooltip="Blocks moved together (block level). More = fewer, larger copies "
+            "and more VRAM. Must not exceed the model's block count.",
+        ),
+        io.Combo.Input(
+            "tier",
+            options=list(TIERS),
+            default="pinned",
+            tooltip="Where offloaded weights wait: pinned = page-locked RAM (fastest "
+            "copies); ram = ordinary RAM; disk = files in disk_path (saves RAM).",
+        ),
+        io.String.Input(
+            "disk_path",
+            default="",
+            tooltip="Folder for the disk tier, ideally on an SSD/NVMe. Empty: ComfyUI's "
+            "temp folder. Ferry writes only its own ferry-* folder there.",
+        ),
+    ]
+
+
+def memory_inputs() -> list[io.Input]:
+    """How much the GPU holds: look-ahead and the VRAM budget."""
+    return [
+        io.Int.Input(
+            "prefetch_depth",
+            default=1,
+            min=1,
+            max=8,
+            tooltip="Groups loaded ahead of the one computing. 1-2 hides most transfer "
+            "time; each extra one costs one group of VRAM.",
+        ),
+        io.String.Input(
+            "vram_budget",
+            default="auto",
+            tooltip="VRAM Ferry may use for weights: 'auto' keeps as many groups "
+            "resident as fit; a number of GB (e.g. 6); empty (or 0) streams every group "
+            "(least VRAM).",
+        ),
+    ]
+
+
+def advanced_inputs() -> list[io.Input]:
+    """Rarer options, optional and last, so workflows saved before them still load: a missing
+    optional input takes its default (the same default execute() has)."""
+    disk = DiskTier("")
+    return [
+        io.Float.Input(
+            "headroom_gb", default=DEFAULT_HEADROOM_GB, min=0.0, max=1024.0, step=0.25,
+            optional=True, tooltip="With vram_budget 'auto': VRAM left free for activations "
+            "and the VAE.",
+        ),
+        io.Boolean.Input(
+            "direct_io", default=disk.direct_io, optional=True,
+            tooltip="Disk tier: read with O_DIRECT (no page-cache copy). Off: buffered reads, "
+            "faster only when the group files fit in RAM anyway.",
+        ),
+        io.Combo.Input(
+            "verify", options=list(VERIFY_CHOICES), default=disk.verify, optional=True,
+            tooltip="Disk tier: check the files' checksums on each group's first read, or on "
+            "every read (catches a disk that corrupts data later, costs CPU).",
+        ),
+        io.Combo.Input(
+            "cpu_read", options=list(CPU_READ_CHOICES), default=disk.cpu_read, optional=True,
+            tooltip="Disk tier on a CPU: mapped computes straight from the page cache; copy "
+            "reads each group into a buffer. On a GPU groups are always copied.",
+        ),
+    ]  # fmt: skip

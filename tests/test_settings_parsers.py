@@ -1,0 +1,187 @@
+"""One parser per setting: the ComfyUI node, the panel and the API give one input one verdict.
+
+Each input goes through the three real entry points (the node's widgets -> policy, the
+panel's form -> settings, the flat form -> OffloadPolicy.from_dict, which the settings file
+also uses) and every path must agree: the same accepted value, or a refusal naming the
+setting. The disk folder goes through the node's check, the panel's live check and the
+applying path (apply_offload, which creates and probes the folder for real).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import PACK_NAME, load_pack
+from tests.helpers import make_model, tmpfs
+
+load_pack()
+config = importlib.import_module(f"{PACK_NAME}.nodes.config")
+forms = importlib.import_module(f"{PACK_NAME}.web.panel.forms")
+disk_check = importlib.import_module(f"{PACK_NAME}.web.panel.disk_check")
+oc = importlib.import_module(f"{PACK_NAME}.offload_core")
+
+GIB = 1 << 30
+REJECTED = "rejected"
+
+NODE_WIDGETS = dict(
+    level="block", blocks_per_group=1, tier="ram", disk_path="", prefetch_depth=1, vram_budget=""
+)
+# Form order: level, blocks, tier, disk_path, prefetch, vram_budget, headroom, quant.
+PANEL_FORM = ["block", 1, "ram", "", 1, "", 2.0, "none"]
+
+
+def verdict(build: Callable[[], Any], settings: tuple[str, ...]) -> Any:
+    """The accepted value, or REJECTED when the error names one of ``settings``."""
+    try:
+        return build()
+    except oc.FerryError as e:
+        named = getattr(e, "input_name", None) or getattr(e, "setting", None)
+        assert named in settings, f"the error names {named!r}, not the setting: {e}"
+        return REJECTED
+
+
+# ---- VRAM budget ----------------------------------------------------------------------------
+# "0" streams every group, as "" does (see parse_vram_budget); "1e3" is not a plain number of
+# GB and is refused everywhere.
+BUDGETS = {
+    "": None,
+    "0": None,
+    "auto": "auto",
+    "6": 6 * GIB,
+    "-1": REJECTED,
+    "abc": REJECTED,
+    "1e3": REJECTED,
+}
+BUDGET_NAMES = ("vram_budget", "vram_budget_gb")
+
+
+def budget_paths(text: str) -> dict[str, Callable[[], Any]]:
+    form = list(PANEL_FORM)
+    form[5] = text
+    return {
+        "node": lambda: config.policy_from_inputs(**{**NODE_WIDGETS, "vram_budget": text}),
+        "panel": lambda: forms.settings_from_form(*form).policy,
+        "api": lambda: oc.OffloadPolicy.from_dict({"vram_budget_gb": text}),
+    }
+
+
+@pytest.mark.parametrize("text", list(BUDGETS))
+def test_vram_budget_one_verdict_everywhere(text: str) -> None:
+    got = {}
+    for path, build in budget_paths(text).items():
+        result = verdict(build, BUDGET_NAMES)
+        got[path] = result if result == REJECTED else result.vram_budget
+    assert got == dict.fromkeys(got, BUDGETS[text])
+
+
+@pytest.mark.parametrize("text", ["-1", "abc", "1e3"])
+def test_vram_budget_refusal_says_what_to_type(text: str) -> None:
+    for build in budget_paths(text).values():
+        with pytest.raises(oc.FerryError) as e:
+            build()
+        assert f"{text!r} is not a budget" in str(e.value)
+        assert "'auto'" in str(e.value) and "empty" in str(e.value) and "e.g. 6" in str(e.value)
+
+
+# ---- Blocks per group -----------------------------------------------------------------------
+# A huge number is a whole number >= 1 (the parsers accept it); the model refuses it, naming
+# the setting, when the plan is drawn. So the verdict includes planning on a real model.
+HUGE = 10**6
+BLOCKS = {0: REJECTED, 1: 1, HUGE: REJECTED, "x": REJECTED}
+
+
+def blocks_paths(value: Any) -> dict[str, Callable[[], Any]]:
+    form = list(PANEL_FORM)
+    form[1] = value
+    return {
+        "node": lambda: config.policy_from_inputs(**{**NODE_WIDGETS, "blocks_per_group": value}),
+        "panel": lambda: forms.settings_from_form(*form).policy,
+        "api": lambda: oc.OffloadPolicy.from_dict({"tier": "ram", "blocks_per_group": value}),
+    }
+
+
+@pytest.mark.parametrize("value", list(BLOCKS), ids=str)
+def test_blocks_per_group_one_verdict_everywhere(value: Any) -> None:
+    model = make_model("fp32")
+    got = {}
+    for path, build in blocks_paths(value).items():
+
+        def planned(build: Callable[[], Any] = build) -> int:
+            policy = build()
+            oc.plan_offload(model, policy, onload_device="cpu")
+            return int(policy.level.blocks_per_group)
+
+        got[path] = verdict(planned, ("blocks_per_group",))
+    assert got == dict.fromkeys(got, BLOCKS[value])
+
+
+# ---- The disk folder ------------------------------------------------------------------------
+
+
+def folder_verdicts(path: str) -> dict[str, Any]:
+    """ok/REJECTED from the node's check, the panel's check and apply_offload itself."""
+    model = make_model("fp32")
+    plan = oc.plan_offload(model, oc.OffloadPolicy(tier=oc.RamTier()), onload_device="cpu")
+    need = plan.offloaded_bytes
+
+    def node() -> str:
+        config.check_disk_folder(path, need)
+        return "ok"
+
+    def panel() -> str:
+        check = disk_check.check_disk_path(path, need)
+        return "ok" if check.ok else REJECTED
+
+    def api() -> str:
+        oc.apply_offload(
+            model, oc.OffloadPolicy(tier=oc.DiskTier(path)), onload_device="cpu"
+        ).remove()
+        return "ok"
+
+    return {
+        "node": verdict(node, ("disk_path",)),
+        "panel": verdict(panel, ("disk_path",)),
+        "api": verdict(api, ("disk_path",)),
+    }
+
+
+def same_words(path: str) -> None:
+    """The node and the panel say the same thing about a refused folder."""
+    with pytest.raises(config.NodeInputError) as e:
+        config.check_disk_folder(path, 1 << 20)
+    assert str(e.value) == f"disk_path: {disk_check.check_disk_path(path, 1 << 20).message}"
+
+
+def test_a_file_is_refused_everywhere(tmp_path: Path) -> None:
+    f = tmp_path / "file.bin"
+    f.write_bytes(b"user data")
+    assert folder_verdicts(str(f)) == dict.fromkeys(("node", "panel", "api"), REJECTED)
+    same_words(str(f))
+    assert f.read_bytes() == b"user data"
+
+
+def test_a_missing_but_creatable_folder_is_accepted_everywhere(tmp_path: Path) -> None:
+    new = tmp_path / "a" / "b"
+    assert disk_check.check_disk_path(str(new), None).ok
+    assert not (tmp_path / "a").exists(), "the checks create nothing"
+    assert folder_verdicts(str(new)) == dict.fromkeys(("node", "panel", "api"), "ok")
+
+
+def test_a_read_only_folder_is_refused_everywhere(tmp_path: Path) -> None:
+    # A read-only mount: access() answers EROFS even to root, as CI runs.
+    with tmpfs(tmp_path / "ro", "1m", readonly=True) as ro:
+        for path in (ro, ro / "sub"):
+            assert folder_verdicts(str(path)) == dict.fromkeys(("node", "panel", "api"), REJECTED)
+            same_words(str(path))
+
+
+def test_a_folder_too_small_is_refused_everywhere(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "small", "2m") as small:
+        assert folder_verdicts(str(small)) == dict.fromkeys(("node", "panel", "api"), REJECTED)
+        same_words(str(small))
+        assert list(small.iterdir()) == [], "nothing written"
