@@ -65,6 +65,11 @@ class FerryPatcherMixin:
     def _ferry_prepare(self, device_to: torch.device) -> None:
         # Start from the plain host copy: a plain clone may have left the module on the device,
         # or with lowvram weight functions that would apply its patches a second time.
+        # Newer cores (>= 0.15) pin offloaded host weights in place while partially loading;
+        # Ferry moves those weights into its own slabs, so they must be unregistered first.
+        unpin = getattr(self, "unpin_all_weights", None)
+        if callable(unpin):
+            unpin()
         if getattr(self.model, "model_lowvram", False):
             for m in self.model.modules():
                 comfy.model_patcher.wipe_lowvram_weight(m)
@@ -84,10 +89,26 @@ class FerryPatcherMixin:
             if w.device != self.offload_device:
                 comfy.utils.set_attr_param(self.model, key, w.to(self.offload_device))
 
+    def _ferry_account(self, device: torch.device, device_bytes: int) -> None:
+        """What ComfyUI's own load would record: the model is on ``device``, fully loaded,
+        holding ``device_bytes`` there."""
+        self.model.device = device
+        self.model.model_lowvram = False
+        self.model.lowvram_patch_counter = 0
+        self.model.model_loaded_weight_memory = device_bytes
+        if hasattr(self.model, "model_offload_buffer_memory"):
+            # Newer cores count their own offload buffers here; Ferry's load uses none.
+            self.model.model_offload_buffer_memory = 0
+        self.model.current_weight_patches_uuid = self.patches_uuid
+
     # -- ModelPatcher verbs ----------------------------------------------------------------
     def clone(self, *args: Any, **kwargs: Any) -> Any:
         n = super().clone(*args, **kwargs)  # type: ignore[misc]
         n.ferry_config = self.ferry_config
+        # Newer cores give a clone ``self.model_size()`` as its size, which for a Ferry patcher
+        # is Ferry's device footprint, not the model's: keep the model's.
+        if hasattr(self, "size"):
+            n.size = self.size
         return n
 
     def is_clone(self, other: Any) -> bool:
@@ -159,11 +180,7 @@ class FerryPatcherMixin:
                 outside += module_nbytes(m)
             if changed:
                 log.info("ferry: laid out %s\n%s", cfg.name, binding.handle.plan.describe())
-            self.model.device = device
-            self.model.model_lowvram = False
-            self.model.lowvram_patch_counter = 0
-            self.model.model_loaded_weight_memory = binding.device_bytes() + outside
-            self.model.current_weight_patches_uuid = self.patches_uuid
+            self._ferry_account(device, binding.device_bytes() + outside)
             for callback in self.get_all_callbacks(CallbacksMP.ON_LOAD):
                 callback(self, device_to, lowvram_model_memory, force_patch_weights, full_load)
             self.apply_hooks(self.forced_hooks, force_apply=True)
