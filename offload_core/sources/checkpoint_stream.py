@@ -126,6 +126,31 @@ class CheckpointWeights:
             )
         return cls(header, keys, setting, prefix, convert, changed)
 
+    @staticmethod
+    def read(path: str | os.PathLike[str], setting: str) -> dict[str, StoredTensor]:
+        """The file's tensors by key, checked (a ConfigError naming ``setting``)."""
+        return _open_header(path, setting).entries
+
+    def materialize(self, model: nn.Module, device: torch.device | str) -> None:
+        """Every meta tensor of ``model`` read whole onto ``device`` (a plain, resident load)."""
+        with self:
+            real: dict[int, torch.Tensor] = {}
+            keep: list[torch.Tensor] = []  # the meta tensors, so no id is reused meanwhile
+            for mname, mod in model.named_modules(remove_duplicate=False):
+                for table in (mod._parameters, mod._buffers):
+                    for attr, t in table.items():
+                        if t is None or t.device.type != "meta":
+                            continue
+                        if id(t) not in real:
+                            name = f"{mname}.{attr}" if mname else attr
+                            value = self.read_tensor(name, t).to(device)
+                            if isinstance(t, nn.Parameter):
+                                grad = t.requires_grad and value.dtype.is_floating_point
+                                value = nn.Parameter(value, requires_grad=grad)
+                            real[id(t)] = value
+                            keep.append(t)
+                        table[attr] = real[id(t)]  # type: ignore[assignment]
+
     # -- where the bytes are -----------------------------------------------------------------
     def origin(self, qualname: str) -> StoredTensor | None:
         """The checkpoint entry holding ``qualname``'s original bytes (None: not stored)."""
