@@ -36,24 +36,39 @@ class LimitedRun:
         return self.returncode == -9
 
 
+class MemoryGroup:
+    """A fresh memory cgroup of ``limit_bytes``; ``enter`` is a ``preexec_fn`` that puts the
+    child in it before exec, so everything the child does is counted."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.path = ROOT / f"ferry-test-{uuid.uuid4().hex[:10]}"
+        self.path.mkdir()
+        (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        self.limit = limit_bytes
+        self._procs = str(self.path / "cgroup.procs")
+
+    def enter(self) -> None:
+        with open(self._procs, "w") as f:
+            f.write(str(os.getpid()))
+
+    @property
+    def max_usage(self) -> int:
+        return int((self.path / "memory.max_usage_in_bytes").read_text())
+
+    def remove(self) -> None:
+        """After every process in it has exited."""
+        self.path.rmdir()
+
+
 def run_limited(
     cmd: list[str], limit_bytes: int, timeout: float = 600, env: dict[str, str] | None = None
 ) -> LimitedRun:
     """Runs ``cmd`` inside a fresh memory cgroup of ``limit_bytes``, from its first instruction."""
-    group = ROOT / f"ferry-test-{uuid.uuid4().hex[:10]}"
-    group.mkdir()
+    group = MemoryGroup(limit_bytes)
     try:
-        (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
-        procs = str(group / "cgroup.procs")
-
-        def enter() -> None:  # in the child, before exec: everything it does is counted
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
-
         p = subprocess.run(
-            cmd, preexec_fn=enter, capture_output=True, text=True, timeout=timeout, env=env
+            cmd, preexec_fn=group.enter, capture_output=True, text=True, timeout=timeout, env=env
         )
-        peak = int((group / "memory.max_usage_in_bytes").read_text())
-        return LimitedRun(p.returncode, peak, p.stdout, p.stderr)
+        return LimitedRun(p.returncode, group.max_usage, p.stdout, p.stderr)
     finally:
-        group.rmdir()
+        group.remove()
