@@ -22,7 +22,7 @@ from tests import cgroup_limit
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "stream_memory_worker.py")
 MB = 1 << 20
-LIMIT = 500 * MB
+LIMIT = 600 * MB
 
 pytestmark = pytest.mark.skipif(
     cgroup_limit.unavailable() is not None, reason=str(cgroup_limit.unavailable())
