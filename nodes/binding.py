@@ -25,6 +25,7 @@ from torch import nn
 
 from ..offload_core import AlreadyOffloadedError, OffloadHandle, apply_offload, plan_offload
 from ..offload_core.model.plan import OffloadPlan
+from ..offload_core.sources.checkpoint_stream import CheckpointWeights
 from .config import FerryConfig
 
 ATTR = "ferry_binding"
@@ -91,18 +92,25 @@ class OffloadBinding:
         config: FerryConfig,
         device: torch.device | str,
         weights_version: Any,
-        prepare_weights: Callable[[], None],
+        prepare_weights: Callable[[], CheckpointWeights | None],
         progress: Progress | None = None,
     ) -> bool:
         """Makes the module offloaded by ``config`` on ``device`` with weights at
-        ``weights_version``; returns True when it had to lay the groups out (again)."""
+        ``weights_version``; returns True when it had to lay the groups out (again).
+        ``prepare_weights`` readies the module's weights, or returns where they wait in a
+        checkpoint (a model built on meta: the groups are filled straight from the file)."""
         key = (config.policy, str(device), weights_version, config.name)
         if self.live and self.key == key:
             return False
         self.release()
-        prepare_weights()
+        weights = prepare_weights()
         self.handle = apply_offload(
-            self.module, config.policy, onload_device=device, name=config.name, progress=progress
+            self.module,
+            config.policy,
+            onload_device=device,
+            name=config.name,
+            progress=progress,
+            weights=weights,
         )
         self.key = key
         self._plans[key[:2]] = self.handle.plan

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import comfy.model_management as mm
+import comfy.sd
 import comfy.utils
 import folder_paths
 from comfy_api.latest import io
 
 from ..offload_core.quant import PRESETS
 from .config import NodeInputError
+from .patcher import ferry_patcher_class
 from .quant_loader import check_preset, load_quantized_diffusion_model
+from .stream_loader import WEIGHT_DTYPES, lazy_diffusion_model
+
+log = logging.getLogger("ferry")
 
 NODE_ID = "FerryLoadDiffusionModelQuantized"
 
@@ -21,8 +29,10 @@ class FerryLoadDiffusionModelQuantized(io.ComfyNode):
             node_id=NODE_ID,
             display_name="Ferry Load Diffusion Model (quantized)",
             category="Ferry",
-            description="Loads a model from models/diffusion_models and quantizes its Linear "
-            "layers with torchao as they are read, so the full-precision model is never in RAM.",
+            description="Loads a model from models/diffusion_models. With quant_preset none the "
+            "weights stay in the file until Ferry Offload Model lays them out group by group, "
+            "so models bigger than your RAM run; a preset quantizes the Linear layers with "
+            "torchao as they are read, so the full-precision model is never in RAM.",
             inputs=[
                 io.Combo.Input(
                     "unet_name",
@@ -36,6 +46,15 @@ class FerryLoadDiffusionModelQuantized(io.ComfyNode):
                     tooltip="none: as saved. int8-weight / float8-weight: weights only (about "
                     "half the size of bf16). int8-dynamic: int8 matmuls. int4-weight and "
                     "float8-dynamic need a CUDA GPU (float8-dynamic: RTX 40xx / H100 or newer).",
+                ),
+                io.Combo.Input(
+                    "weight_dtype",
+                    options=list(WEIGHT_DTYPES),
+                    default="default",
+                    optional=True,
+                    tooltip="As UNETLoader's weight_dtype (quant_preset none): default keeps "
+                    "ComfyUI's choice; fp8_e4m3fn / fp8_e5m2 store the weights in 8 bits "
+                    "(converted group by group into Ferry's files on the disk tier).",
                 ),
                 io.Boolean.Input(
                     "cache",
@@ -56,15 +75,40 @@ class FerryLoadDiffusionModelQuantized(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, unet_name: str, quant_preset: str, cache: bool) -> io.NodeOutput:
+    def execute(
+        cls, unet_name: str, quant_preset: str, cache: bool, weight_dtype: str = "default"
+    ) -> io.NodeOutput:
         path = folder_paths.get_full_path("diffusion_models", unet_name)
         if path is None:
             raise NodeInputError("unet_name", f"{unet_name!r} is not in models/diffusion_models")
+        if quant_preset == "none":
+            return io.NodeOutput(load_in_place(path, weight_dtype))
+        if weight_dtype != "default":
+            raise NodeInputError(
+                "weight_dtype",
+                f"applies to quant_preset none; set it to default for {quant_preset}",
+            )
         pbar = comfy.utils.ProgressBar(1)
         model = load_quantized_diffusion_model(
             path, quant_preset, cache, lambda done, total: pbar.update_absolute(done, total)
         )
-        if quant_preset == "none":
-            # Unchanged weights: the disk tier can read groups straight from this file.
-            model.ferry_source_checkpoint = path
         return io.NodeOutput(model)
+
+
+def load_in_place(path: str, weight_dtype: str) -> Any:
+    """quant_preset none: a MODEL whose weights stay in ``path`` (see stream_loader.py);
+    a file ComfyUI must convert is loaded whole, and the log says so."""
+    model = lazy_diffusion_model(path, weight_dtype)
+    if model is None:
+        log.warning(
+            "ferry: %s needs ComfyUI's key conversion (a diffusers layout), so it is loaded "
+            "whole into RAM; save it in ComfyUI's layout to run it bigger than RAM",
+            path,
+        )
+        dtype = WEIGHT_DTYPES[weight_dtype]
+        model = comfy.sd.load_diffusion_model(path, model_options={"dtype": dtype} if dtype else {})
+        # Unchanged weights: the disk tier can read groups straight from this file.
+        model.ferry_source_checkpoint = path if dtype is None else None
+    # Ferry's patcher with no offload: a plain load reads the weights whole, as UNETLoader.
+    model.__class__ = ferry_patcher_class(type(model))
+    return model

@@ -58,7 +58,12 @@ class FerryOffloadModel(io.ComfyNode):
                 "speed. Put it right after the model loader; LoRA and other nodes can follow it."
             ),
             inputs=[
-                io.Model.Input("model", tooltip="The diffusion model to offload (from a loader)."),
+                io.Model.Input(
+                    "model",
+                    tooltip="The diffusion model to offload. From UNETLoader the whole model is "
+                    "in RAM first (the peak happens at the loader); from Ferry Load Diffusion "
+                    "Model (quant_preset none) it streams from its file: models bigger than RAM.",
+                ),
                 io.Boolean.Input(
                     "use_panel_settings",
                     default=False,

@@ -26,10 +26,12 @@ from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ..offload_core import ConfigError, FerryError
 from ..offload_core.model.layout import module_nbytes
+from ..offload_core.sources.checkpoint_stream import CheckpointWeights
 from .binding import OffloadBinding
 from .config import FerryConfig, NodeInputError, as_node_error
 from .dynamic import plain_patcher
 from .pusher import ensure_pushing
+from .stream_loader import is_lazy, materialize, stream_weights
 
 log = logging.getLogger("ferry")
 
@@ -62,7 +64,7 @@ class FerryPatcherMixin:
         if self.get_wrappers(WrappersMP.APPLY_MODEL, COMPILE_KEY):
             raise FerryError(COMPILE_HELP)
 
-    def _ferry_prepare(self, device_to: torch.device) -> None:
+    def _ferry_prepare(self, device_to: torch.device) -> CheckpointWeights | None:
         # Start from the plain host copy: a plain clone may have left the module on the device,
         # or with lowvram weight functions that would apply its patches a second time.
         # Newer cores (>= 0.15) pin offloaded host weights in place while partially loading;
@@ -74,8 +76,17 @@ class FerryPatcherMixin:
             for m in self.model.modules():
                 comfy.model_patcher.wipe_lowvram_weight(m)
             self.model.model_lowvram = False
+        weights = stream_weights(self, device_to)
+        if weights is not None:
+            return weights  # the Ferry loader's model: groups come straight from its file
         self.model.diffusion_model.to(self.offload_device)
         self._ferry_patch_weights(device_to)
+        return None
+
+    def _ferry_materialize_plain(self) -> None:
+        """A plain load of the Ferry loader's model: read it whole first, as UNETLoader does."""
+        if self.ferry_config is None and is_lazy(self.model):
+            materialize(self.model, self.offload_device)
 
     def _ferry_patch_weights(self, device_to: torch.device | None) -> None:
         """Bakes this patcher's weight patches (LoRA, ...) into the host weights, exactly as
@@ -132,6 +143,7 @@ class FerryPatcherMixin:
         self, device_to: Any, extra_memory: Any = 0, *args: Any, **kwargs: Any
     ) -> Any:
         cfg = self.ferry_config
+        self._ferry_materialize_plain()
         if cfg is not None:
             self._ferry_refuse_compile()
             self._ferry_binding().set_owner(self)
@@ -150,6 +162,7 @@ class FerryPatcherMixin:
         **kwargs: Any,
     ) -> None:
         cfg = self.ferry_config
+        self._ferry_materialize_plain()
         if cfg is None:
             return super().load(
                 device_to, lowvram_model_memory, force_patch_weights, full_load, **kwargs
@@ -200,6 +213,13 @@ class FerryPatcherMixin:
         # be plain again.
         if unpatch_weights and self._ferry_release():
             self.model.model_loaded_weight_memory = 0
+        if device_to is not None and unpatch_weights and is_lazy(self.model):
+            # The weights are back in their file (meta): move only what is real.
+            for m in self._ferry_outside_modules():
+                m.to(device_to)
+            super().unpatch_model(None, unpatch_weights)  # type: ignore[misc]
+            self.model.device = device_to
+            return None
         return super().unpatch_model(device_to, unpatch_weights)  # type: ignore[misc]
 
     def detach(self, unpatch_all: bool = True) -> Any:

@@ -21,6 +21,7 @@ from .errors import (
     GroupingError,
     OffloadRemovedError,
 )
+from .loader import load_offloaded
 from .model.plan import OffloadPlan, plan_offload
 from .policy import (
     BlockLevel,
@@ -40,10 +41,12 @@ from .runtime.memory import (
     system_available_ram,
 )
 from .runtime.stats import OffloadStats
+from .sources.checkpoint_stream import CheckpointWeights
 
 __all__ = [
     "AlreadyOffloadedError",
     "BlockLevel",
+    "CheckpointWeights",
     "ConfigError",
     "CorruptGroupFileError",
     "DeviceMemory",
@@ -65,6 +68,7 @@ __all__ = [
     "device_memory",
     "find_offload",
     "live_offloads",
+    "load_offloaded",
     "plan_offload",
     "process_memory",
     "system_available_ram",

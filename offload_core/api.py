@@ -13,7 +13,9 @@ from .policy import DiskTier, OffloadPolicy
 from .runtime.engine import Engine
 from .runtime.memory import device_memory, release_freed_memory
 from .runtime.stats import Counters, OffloadStats, gbps
+from .sources.checkpoint_stream import CheckpointWeights
 from .sources.placement import Placement, Progress
+from .sources.streaming_placement import StreamingPlacement
 from .transfer.backend import backend_for
 
 
@@ -113,17 +115,26 @@ def apply_offload(
     onload_device: str | torch.device | None = None,
     name: str | None = None,
     progress: Progress | None = None,
+    weights: CheckpointWeights | None = None,
 ) -> OffloadHandle:
     """Offloads ``model`` by ``policy``; every check runs before any weight moves.
 
     Weights move group by group: a group's original storage is released as soon as its copy
     is in place, so the model is never twice in RAM. If anything fails half-way (a full
     disk, an interrupt), the groups already moved are put back and the model is as before.
+
+    weights: for a model built on the meta device, where its tensors wait in its checkpoint
+        (``load_offloaded`` opens it): every group is filled straight from the file, so the
+        model is never in RAM; ``remove()`` puts its tensors back on meta.
     """
     plan = plan_offload(model, policy, onload_device=onload_device)
     name = _unique_name(name or type(model).__name__)
     backend = backend_for(plan.device)
-    placement = Placement(model, plan, backend, name)
+    placement = (
+        Placement(model, plan, backend, name)
+        if weights is None
+        else StreamingPlacement(model, plan, backend, name, weights)
+    )
     placement.build(progress)  # restores everything itself if it fails
     release_freed_memory()
     counters = Counters()

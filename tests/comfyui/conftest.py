@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,13 +66,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    assert COMFY, "FERRY_COMFYUI is not set"
-    comfy = Path(COMFY).resolve()
-    assert (comfy / "main.py").is_file(), f"{comfy} is not a ComfyUI checkout (no main.py)"
-    py = _python(comfy)
-    base = tmp_path_factory.mktemp("comfy-base")
+def make_base(base: Path, py: str, comfy: Path) -> None:
+    """A ComfyUI base directory: this pack (hyphenated folder), the test nodes, tiny models."""
     custom = base / "custom_nodes"
     custom.mkdir()
     (custom / "ComfyUI-Ferry").symlink_to(REPO, target_is_directory=True)
@@ -83,6 +78,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         cwd=base,
         timeout=300,
     )
+
+
+def start_server(
+    comfy: Path, py: str, base: Path, preexec_fn: Callable[[], None] | None = None
+) -> Server:
+    """Starts ComfyUI headless on the CPU with ``base`` and waits until Ferry's route answers."""
     port = _free_port()
     env = {
         **os.environ,
@@ -94,39 +95,51 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             p for p in (str(HERE / "site"), os.environ.get("PYTHONPATH", "")) if p
         ),
     }
-    log = base / "comfyui.log"
-    cmd = [
-        py,
-        "main.py",
-        "--cpu",
-        "--listen",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--base-directory",
-        str(base),
-    ]
-    cmd += ["--database-url", f"sqlite:///{base / 'comfy.db'}"]
+    log = base / f"comfyui-{port}.log"
+    cmd = [py, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port)]
+    cmd += ["--base-directory", str(base), "--database-url", f"sqlite:///{base / 'comfy.db'}"]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=comfy, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            cmd, cwd=comfy, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec_fn
+        )
     srv = Server(f"http://127.0.0.1:{port}", base, log, proc)
+    deadline = time.monotonic() + 180
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"ComfyUI exited with {proc.returncode}:\n{srv.log_tail()}")
+        try:
+            with urllib.request.urlopen(srv.url + "/ferry/stats", timeout=5):
+                return srv
+        except OSError:
+            if time.monotonic() > deadline:
+                stop_server(srv)
+                pytest.fail(f"ComfyUI did not answer in 180 s:\n{srv.log_tail()}")
+            time.sleep(0.5)
+
+
+def stop_server(srv: Server) -> None:
+    srv.proc.terminate()
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"ComfyUI exited with {proc.returncode}:\n{srv.log_tail()}")
-            try:
-                with urllib.request.urlopen(srv.url + "/ferry/stats", timeout=5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"ComfyUI did not answer in 180 s:\n{srv.log_tail()}")
-                time.sleep(0.5)
+        srv.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        srv.proc.kill()
+        srv.proc.wait()
+
+
+def comfy_checkout() -> tuple[Path, str]:
+    assert COMFY, "FERRY_COMFYUI is not set"
+    comfy = Path(COMFY).resolve()
+    assert (comfy / "main.py").is_file(), f"{comfy} is not a ComfyUI checkout (no main.py)"
+    return comfy, _python(comfy)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    comfy, py = comfy_checkout()
+    base = tmp_path_factory.mktemp("comfy-base")
+    make_base(base, py, comfy)
+    srv = start_server(comfy, py, base)
+    try:
         yield srv
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(srv)

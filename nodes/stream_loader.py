@@ -1,0 +1,150 @@
+"""The Ferry loader's MODEL for a model bigger than RAM: a network on the meta device whose
+weights wait in their checkpoint until Ferry Offload Model lays them out.
+
+The config, dtype and key prefix are chosen as ``comfy.sd.load_diffusion_model`` chooses them
+(same detection, same ``unet_dtype``/``manual_cast``), and each tensor is cast with ``copy_`` as
+``load_state_dict`` casts, so the latents equal UNETLoader's with the same weight_dtype. The
+checkpoint is the source of truth (``base.ferry_checkpoint``):
+- a Ferry patcher lays the groups out straight from the file (``stream_weights``), with its
+  LoRA patches computed per tensor as ``ModelPatcher.patch_weight_to_device`` computes them;
+- any other load (no Ferry Offload Model after the loader) first reads the model whole
+  (``materialize``), as UNETLoader would have.
+A file ComfyUI must convert (a diffusers layout) is not lazy: ``lazy_diffusion_model`` returns
+None and the caller loads it whole, saying so.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import comfy.float
+import comfy.lora
+import comfy.model_detection
+import comfy.model_management as mm
+import comfy.model_patcher
+import comfy.utils
+import torch
+from torch import nn
+
+from ..offload_core import ConfigError
+from ..offload_core.sources.checkpoint_stream import CheckpointWeights
+from .config import NodeInputError
+
+log = logging.getLogger("ferry")
+WIDGET = "unet_name"
+WEIGHT_DTYPES = {
+    "default": None,
+    "fp8_e4m3fn": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+DM = "diffusion_model."
+
+
+@dataclass(frozen=True)
+class LazyCheckpoint:
+    """Where a lazy model's diffusion_model tensors are: ``prefix + name`` in ``path``."""
+
+    path: str
+    prefix: str
+
+
+def _meta_sd(path: str) -> dict[str, torch.Tensor]:
+    try:
+        entries = CheckpointWeights.read(path, WIDGET)
+    except ConfigError as e:
+        raise NodeInputError(WIDGET, str(e).removeprefix(f"{WIDGET}: ")) from None
+    return {k: torch.empty(e.shape, dtype=e.dtype, device="meta") for k, e in entries.items()}
+
+
+def _configured(sd: dict[str, torch.Tensor], dtype: torch.dtype | None) -> Any | None:
+    """The model config as load_diffusion_model_state_dict sets it (None: not detected as is)."""
+    config = comfy.model_detection.model_config_from_unet(sd, "")
+    if config is None:
+        return None
+    load_device = mm.get_torch_device()
+    weight_dtype = None if config.scaled_fp8 is not None else comfy.utils.weight_dtype(sd)
+    unet_dtype = dtype or mm.unet_dtype(
+        model_params=comfy.utils.calculate_parameters(sd),
+        supported_dtypes=list(config.supported_inference_dtypes),
+        weight_dtype=weight_dtype,
+    )
+    cast = mm.unet_manual_cast(unet_dtype, load_device, config.supported_inference_dtypes)
+    config.set_inference_dtype(unet_dtype, cast)
+    return config
+
+
+def lazy_diffusion_model(path: str, weight_dtype: str) -> Any | None:
+    """A ModelPatcher whose diffusion model is on meta, its weights left in ``path``; None
+    where ComfyUI's own loader must convert the file (the caller loads it whole)."""
+    sd = _meta_sd(path)
+    prefix = comfy.model_detection.unet_prefix_from_state_dict(sd)
+    stripped = comfy.utils.state_dict_prefix_replace(sd, {prefix: ""}, filter_keys=True)
+    if stripped:
+        sd = stripped
+    else:
+        prefix = ""
+    config = _configured(sd, WEIGHT_DTYPES[weight_dtype])
+    if config is None or set(config.process_unet_state_dict(dict(sd))) != set(sd):
+        return None  # a diffusers layout or renamed keys: ComfyUI converts them in RAM
+    try:
+        base = config.get_model(sd, "", device=torch.device("meta"))
+        CheckpointWeights.open(path, base.diffusion_model, prefix=prefix, setting=WIDGET)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+        log.info("ferry: %s cannot stay in its file (%s); loading it whole", path, e)
+        return None
+    base.ferry_checkpoint = LazyCheckpoint(path, prefix)
+    return comfy.model_patcher.ModelPatcher(
+        base, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device()
+    )
+
+
+def is_lazy(base: Any) -> bool:
+    lazy = getattr(base, "ferry_checkpoint", None)
+    dm = getattr(base, "diffusion_model", None)
+    if lazy is None or dm is None:
+        return False
+    return any(p.device.type == "meta" for p in dm.parameters())
+
+
+def materialize(base: Any, device: torch.device) -> None:
+    """Reads the whole diffusion model from its file onto ``device`` (a plain load)."""
+    lazy: LazyCheckpoint = base.ferry_checkpoint
+    dm: nn.Module = base.diffusion_model
+    log.info("ferry: reading %s whole (no Ferry Offload Model after the loader)", lazy.path)
+    weights = CheckpointWeights.open(lazy.path, dm, prefix=lazy.prefix, setting=WIDGET)
+    weights.materialize(dm, device)
+
+
+def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights | None:
+    """The checkpoint as the source of a Ferry layout, with the patcher's weight patches
+    computed per tensor; None where a patch needs ComfyUI's own path (then materialize)."""
+    base = patcher.model
+    if not is_lazy(base):
+        return None
+    lazy: LazyCheckpoint = base.ferry_checkpoint
+    patches = patcher.patches
+    for key in patches:
+        _, set_func, convert_func = comfy.model_patcher.get_key_weight(base, key)
+        if set_func is not None or convert_func is not None or not key.startswith(DM):
+            materialize(base, patcher.offload_device)
+            return None
+
+    def convert(name: str, weight: torch.Tensor) -> torch.Tensor:
+        # ModelPatcher.patch_weight_to_device, without the backup copy (the file is the backup).
+        key = DM + name
+        temp = mm.cast_to_device(weight, device_to, torch.float32, copy=True)
+        out = comfy.lora.calculate_weight(patches[key], temp, key)
+        seed = comfy.model_patcher.string_to_seed(key)
+        out = comfy.float.stochastic_rounding(out, weight.dtype, seed=seed)
+        return out.to("cpu")
+
+    return CheckpointWeights.open(
+        lazy.path,
+        base.diffusion_model,
+        prefix=lazy.prefix,
+        setting=WIDGET,
+        convert=convert,
+        changed=lambda name: DM + name in patches,
+    )

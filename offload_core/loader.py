@@ -1,0 +1,65 @@
+"""load_offloaded: a checkpoint bigger than RAM, straight into the tiers.
+
+The network is built on the meta device (no bytes), the checkpoint's header is checked
+against it before any weight moves, and ``apply_offload`` fills each group from the file:
+RAM ≈ the tensors outside the groups + the streaming window, whatever the model's size.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .api import OffloadHandle, apply_offload
+from .errors import ConfigError
+from .policy import OffloadPolicy
+from .quant.model_tensors import build_meta_model
+from .sources.checkpoint_stream import CheckpointWeights, Converter
+from .sources.placement import Progress
+
+
+def load_offloaded(
+    checkpoint: str | os.PathLike[str],
+    build: Callable[[torch.device], nn.Module] | nn.Module,
+    policy: OffloadPolicy | None = None,
+    *,
+    onload_device: str | torch.device | None = None,
+    prefix: str = "",
+    name: str | None = None,
+    progress: Progress | None = None,
+    convert: Converter | None = None,
+    converts: Callable[[str], bool] | None = None,
+) -> OffloadHandle:
+    """Builds the model on the meta device and offloads it by ``policy`` straight from the
+    safetensors ``checkpoint``; the model is ``handle.model``.
+
+    Groups whose stored bytes are what the model computes with keep the checkpoint as their
+    disk-tier source (nothing written); others (the model's dtype differs from the file's, or
+    ``converts(name)`` is True) are cast with ``copy_`` and passed through ``convert(name,
+    tensor)``, one group at a time, into the tier. ``handle.remove()`` puts the tensors back
+    on meta. A file that is not safetensors, is truncated, lies in its header or does not
+    match the model raises ConfigError("checkpoint") before any weight moves.
+
+    build: ``build(device) -> nn.Module`` (called under the meta device; buffers that are not
+        saved in checkpoints must be created on the CPU) or a model already built on meta.
+    prefix: the model's keys' prefix in the file (e.g. ``model.diffusion_model.``).
+    """
+    if progress is not None and not callable(progress):
+        raise ConfigError("progress", "must be a callable progress(done, total) or None")
+    if convert is not None and converts is None:
+        raise ConfigError("converts", "say which tensors convert changes: converts(name) -> bool")
+    model = build_meta_model(build)
+    weights = CheckpointWeights.open(
+        checkpoint, model, prefix=prefix, convert=convert, changed=converts
+    )
+    return apply_offload(
+        model,
+        policy,
+        onload_device=onload_device,
+        name=name,
+        progress=progress,
+        weights=weights,
+    )
