@@ -202,3 +202,20 @@ def test_auto_takes_the_path_the_rule_chose_and_stays_exact(tmp_path, monkeypatc
         outs = [model(**x) for _ in range(2)]
     handle.remove()
     assert all(torch.equal(o, ref) for o in outs)
+
+
+def test_unchecked_reads_join_contiguous_chunks_into_runs(monkeypatch):
+    """A read whose checksums are not due is one request per contiguous run (sources/reads.py:
+    [Note: what is checked when]); a gap in the file or in the slab, or the size cap, splits."""
+    monkeypatch.setattr(reads, "RUN", 48)
+    c = reads.Chunk
+    plan = reads.ReadPlan(
+        Path("x"), -1, reads.FileIdentity(0, 0, 0, 0), [
+            c(0, 0, 16, 1), c(16, 16, 16, 2), c(32, 32, 16, 3),  # joined, up to the cap
+            c(48, 48, 16, 4),  # the cap starts a new run
+            c(80, 64, 16, 5),  # a gap in the file
+            c(96, 96, 16, 6),  # a gap in the slab
+        ], owned=True,
+    )  # fmt: skip
+    got = [(r.file_offset, r.buf_offset, r.nbytes) for r in plan.runs]
+    assert got == [(0, 0, 48), (48, 48, 16), (80, 64, 16), (96, 96, 16)]
