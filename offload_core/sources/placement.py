@@ -24,6 +24,7 @@ from ..model.layout import Entry
 from ..model.plan import OffloadPlan
 from ..policy import DiskTier, PinnedRamTier
 from ..runtime.group import GroupRuntime
+from ..runtime.memory import system_available_ram
 from ..transfer.backend import Backend
 from .base import WeightSource
 from .checkpoint import Index, checkpoint_plan, checkpoint_spans, find_prefix, read_checkpoint_index
@@ -65,15 +66,11 @@ def choose_cpu_read(
 
 
 def available_ram() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux, where the mapped path exists), else None."""
+    """The RAM the system could give now (psutil's "available"), None where unknown."""
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+        return system_available_ram()
+    except (ImportError, OSError):
+        return None
 
 
 class Placement:
