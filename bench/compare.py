@@ -42,7 +42,7 @@ CPU_MODES = [
     "resident",
     "ferry-block-ram",
     "ferry-block-disk",
-    "ferry-block-disk+copy",
+    "ferry-block-disk+mapped",
     "ferry-leaf-ram",
     "ferry-leaf-disk",
     "ferry-block-disk-ckpt",

@@ -45,6 +45,7 @@ def all_modes(device_type: str) -> list[str]:
 def base_mode(mode: str) -> str:
     """``ferry-block-disk+copy+t1`` -> ``ferry-block-disk``. Suffixes (Ferry only): ``+p<N>``
     prefetch depth N; ``+copy`` DiskTier(cpu_read="copy") (read into slots, not mapped);
+    ``+mapped`` DiskTier(cpu_read="mapped") (without either, the default "auto" decides);
     ``+everycrc`` DiskTier(verify="every_read"); ``+buffered`` DiskTier(direct_io=False);
     ``+t<N>`` N read threads for copied reads (a what-if: the engine's default patched)."""
     return mode.split("+", 1)[0]
@@ -62,7 +63,7 @@ def valid(mode: str, device_type: str) -> bool:
     return not extras or (
         mode.startswith("ferry-")
         and all(
-            e in ("copy", "everycrc", "buffered") or (e[:1] in "tp" and e[1:].isdigit())
+            e in ("copy", "mapped", "everycrc", "buffered") or (e[:1] in "tp" and e[1:].isdigit())
             for e in extras
         )
     )
@@ -133,7 +134,7 @@ def _ferry(
             source_checkpoint=str(checkpoint) if ckpt else None,
             direct_io="buffered" not in extras,
             verify="every_read" if "everycrc" in extras else "first_read",
-            cpu_read="copy" if "copy" in extras else "mapped",
+            cpu_read=next((e for e in extras if e in ("copy", "mapped")), "auto"),
         )
     policy = OffloadPolicy(level=level, tier=tier, prefetch_depth=prefetch)
     handle = apply_offload(model, policy, onload_device=device, name="bench")

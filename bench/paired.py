@@ -6,7 +6,7 @@ each ratio alike. compare.py gives the full table (one process per mode, for cle
 peaks); this gives the x-resident figure a target is judged on.
 
     bash bench/run.sh --paired --model flux --tokens 1024 --txt-tokens 256 --rounds 4 \\
-        --modes ferry-block-disk,ferry-block-disk+copy
+        --modes ferry-block-disk,ferry-block-disk+mapped
 
 Disk modes run from a cold page cache, as in compare.py: their files are dropped before
 each of their forwards. Every output is compared with the resident one (torch.equal).
@@ -49,7 +49,10 @@ def run(
         m = models.load_model(spec, ckpt)
         applied[name] = modes.apply_mode(name, m, device, workdir, ckpt, {})
         copies[name] = m
+    raw_files = next((applied[n].files for n in mode_names if applied[n].files), [])
     times: dict[str, list[float]] = {n: [] for n in ["resident", *mode_names]}
+    raw: list[tuple[float, int]] = []  # the raw cold read of the same files, per round
+    in_read: dict[str, list[float]] = {n: [] for n in mode_names}  # GB/s while reading
     equal: dict[str, bool] = dict.fromkeys(mode_names, True)
     with torch.no_grad():
         ref = models.forward(resident, x)
@@ -58,38 +61,74 @@ def run(
         for r in range(rounds):
             for name in ["resident", *mode_names]:
                 model = resident if name == "resident" else copies[name]
-                files = [] if name == "resident" else applied[name].files
-                if files:
-                    probes.drop_page_cache(files)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                t0 = time.perf_counter()
-                out = models.forward(model, x)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                times[name].append(time.perf_counter() - t0)
+                a = applied.get(name)
+                before = a.stats() if a is not None and a.stats is not None else None
+                out, seconds = _timed_forward(model, x, a.files if a else [], device)
+                times[name].append(seconds)
+                if before is not None and a is not None and a.stats is not None:
+                    after = a.stats()
+                    disk_s = after["disk_s"] - before["disk_s"]
+                    got = after["bytes_disk"] - before["bytes_disk"]
+                    in_read[name].append(got / disk_s / 1e9 if disk_s > 0 else 0.0)
                 if name != "resident":
                     equal[name] &= torch.equal(out, ref)
+            if raw_files:
+                raw.append(probes.raw_read(raw_files))
             echo(
                 f"  round {r + 1}/{rounds}: "
                 + ", ".join(f"{n} {times[n][-1]:.3f} s" for n in times)
+                + (f", raw read {raw[-1][0]:.3f} s" if raw else "")
             )
     for a in applied.values():
         if a.cleanup is not None:
             a.cleanup()
+    return _summary(times, raw, in_read, equal, mode_names, rounds)
+
+
+def _timed_forward(
+    model: Any, x: Any, files: list[Path], device: torch.device
+) -> tuple[torch.Tensor, float]:
+    if files:
+        probes.drop_page_cache(files)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    out = models.forward(model, x)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - t0
+
+
+def _summary(
+    times: dict[str, list[float]],
+    raw: list[tuple[float, int]],
+    in_read: dict[str, list[float]],
+    equal: dict[str, bool],
+    mode_names: list[str],
+    rounds: int,
+) -> dict[str, Any]:
+    # The limit, per round: a forward can be no faster than its compute (resident) nor than
+    # reading every weight once from the disk (the raw cold read of the same files).
+    limit = [max(t, rs) for t, (rs, _) in zip(times["resident"], raw)] if raw else []
+    raw_gbps = [n / rs / 1e9 for rs, n in raw]
     rows = []
     for name in mode_names:
         ratios = [t / base for t, base in zip(times[name], times["resident"])]
-        rows.append(
-            {
-                "mode": name,
-                "median_s": statistics.median(times[name]),
-                "median_ratio": statistics.median(ratios),
-                "min_ratio": min(ratios),
-                "max_ratio": max(ratios),
-                "equal": equal[name],
-            }
-        )
+        row: dict[str, Any] = {
+            "mode": name,
+            "median_s": statistics.median(times[name]),
+            "median_ratio": statistics.median(ratios),
+            "min_ratio": min(ratios),
+            "max_ratio": max(ratios),
+            "equal": equal[name],
+        }
+        if limit:
+            row["x_limit"] = statistics.median(t / lim for t, lim in zip(times[name], limit))
+        rates = in_read.get(name) or []
+        if rates and any(rates) and raw_gbps:
+            row["in_read_gbps"] = statistics.median(rates)
+            row["in_read_x_raw"] = statistics.median(a / b for a, b in zip(rates, raw_gbps))
+        rows.append(row)
     peers = [n for n in mode_names if not n.startswith("ferry-")]
     for row in rows:
         if row["mode"].startswith("ferry-") and peers:
@@ -98,21 +137,43 @@ def run(
             row["x_faster_than_peers"] = statistics.median(
                 b / t for b, t in zip(best, times[row["mode"]])
             )
-    return {"resident_median_s": statistics.median(times["resident"]), "rows": rows}
+    out: dict[str, Any] = {"resident_median_s": statistics.median(times["resident"]), "rows": rows}
+    if raw:
+        out["raw_median_s"] = statistics.median(rs for rs, _ in raw)
+        out["raw_gbps"] = statistics.median(raw_gbps)
+        out["limit_x_resident"] = statistics.median(
+            lim / t for lim, t in zip(limit, times["resident"])
+        )
+    return out
 
 
 def table(result: dict[str, Any], rounds: int) -> str:
     lines = [
         f"| mode | median s/forward | x resident, median of {rounds} rounds | range | "
-        "x faster than the faster peer, median | equal |",
-        "|---|---|---|---|---|---|",
-        f"| resident | {result['resident_median_s']:.3f} | 1.00 | - | - | - |",
+        "x limit, median | in-read GB/s (x raw read) | x faster than the faster peer, median "
+        "| equal |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| resident | {result['resident_median_s']:.3f} | 1.00 | - | - | - | - | - |",
     ]
+    if "raw_median_s" in result:
+        lines.append(
+            f"| raw cold read of the same files | {result['raw_median_s']:.3f} | - | - | - | "
+            f"{result['raw_gbps']:.2f} (1.00) | - | - |"
+        )
+        lines.append(
+            f"| limit = max(resident, raw read) | - | {result['limit_x_resident']:.3f} | - | "
+            "1.00 | - | - | - |"
+        )
     for r in result["rows"]:
         faster = r.get("x_faster_than_peers")
+        lim = r.get("x_limit")
+        rate = r.get("in_read_gbps")
+        read = "-" if rate is None else f"{rate:.2f} ({r['in_read_x_raw']:.2f})"
         lines.append(
             f"| {r['mode']} | {r['median_s']:.3f} | {r['median_ratio']:.3f} | "
             f"{r['min_ratio']:.3f}-{r['max_ratio']:.3f} | "
+            f"{'-' if lim is None else f'{lim:.3f}'} | "
+            f"{read} | "
             f"{'-' if faster is None else f'{faster:.2f}'} | {'yes' if r['equal'] else 'NO'} |"
         )
     return "\n".join(lines)

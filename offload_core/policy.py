@@ -70,8 +70,10 @@ class DiskTier:
     verify: Literal["first_read", "every_read"] = "first_read"
     #: On a CPU onload device: "mapped" computes straight from the group file's page cache
     #: (no slot, no copy; only the groups in the prefetch window are mapped), "copy" reads
-    #: each group into a slot. On a GPU the groups are always copied.
-    cpu_read: Literal["mapped", "copy"] = "mapped"
+    #: each group into a slot (faster where measured, but the slots are anonymous RAM),
+    #: "auto" copies unless the slots would take much of the free RAM
+    #: (sources/placement.py: choose_cpu_read). On a GPU the groups are always copied.
+    cpu_read: Literal["auto", "mapped", "copy"] = "auto"
 
     def validate(self) -> None:
         if not isinstance(self.path, str) or not self.path.strip():
@@ -82,8 +84,10 @@ class DiskTier:
             raise ConfigError(
                 "verify", f"must be 'first_read' or 'every_read', got {self.verify!r}"
             )
-        if self.cpu_read not in ("mapped", "copy"):
-            raise ConfigError("cpu_read", f"must be 'mapped' or 'copy', got {self.cpu_read!r}")
+        if self.cpu_read not in ("auto", "mapped", "copy"):
+            raise ConfigError(
+                "cpu_read", f"must be 'auto', 'mapped' or 'copy', got {self.cpu_read!r}"
+            )
 
 
 Level = BlockLevel | LeafLevel

@@ -26,8 +26,9 @@ LEVELS = {"block1": BlockLevel(1), "block2": BlockLevel(2), "leaf": LeafLevel()}
 @pytest.mark.parametrize("tier", ["pinned", "ram", "disk", "disk-copy"])
 @pytest.mark.parametrize("level", ["block1", "leaf"])
 def test_offloaded_equals_resident(tmp_path, level, tier, dtype, quant):
-    """``disk`` on a CPU computes from the group files' mapping; ``disk-copy`` reads them
-    into slots (DiskTier(cpu_read="copy"), the path a GPU takes)."""
+    """``disk`` on a CPU computes from the group files' mapping (DiskTier(cpu_read="mapped"));
+    ``disk-copy`` reads them into slots (cpu_read="copy", the path a GPU takes); the default,
+    "auto", picks one of the two (tests/test_mapped.py: test_cpu_read_rule)."""
     x, ref = reference(dtype, quant)
     model = make_model(dtype, quant)
     if quant != "plain":
@@ -36,7 +37,7 @@ def test_offloaded_equals_resident(tmp_path, level, tier, dtype, quant):
     tiers = {
         "pinned": PinnedRamTier(),
         "ram": RamTier(),
-        "disk": DiskTier(str(tmp_path)),
+        "disk": DiskTier(str(tmp_path), cpu_read="mapped"),
         "disk-copy": DiskTier(str(tmp_path), cpu_read="copy"),
     }
     handle = apply_offload(

@@ -18,7 +18,7 @@ from offload_core import (
     OffloadPolicy,
     apply_offload,
 )
-from offload_core.sources import reads
+from offload_core.sources import placement, reads
 from offload_core.sources.mapped import MappedSource, can_map
 from offload_core.sources.reads import FileIdentity
 from tests.helpers import make_model, reference
@@ -44,7 +44,9 @@ def _mapped_rss(folder: Path) -> int:
 def test_only_the_window_is_mapped_and_no_slot_is_allocated(tmp_path, level, depth):
     x, ref = reference("fp32")
     model = make_model("fp32")
-    policy = OffloadPolicy(level=level, tier=DiskTier(str(tmp_path)), prefetch_depth=depth)
+    policy = OffloadPolicy(
+        level=level, tier=DiskTier(str(tmp_path), cpu_read="mapped"), prefetch_depth=depth
+    )
     handle = apply_offload(model, policy, onload_device="cpu")
     engine = handle._engine
     assert engine is not None and engine.slots == [], "a mapped group needs no slot"
@@ -122,7 +124,7 @@ def test_rot_under_an_unchanged_identity_is_caught_by_every_read(tmp_path):
     (Simulated by recording the identity after the flip.)"""
     x, ref = reference("fp32")
     model = make_model("fp32")
-    tier = DiskTier(str(tmp_path), verify="every_read")
+    tier = DiskTier(str(tmp_path), verify="every_read", cpu_read="mapped")
     handle = apply_offload(model, OffloadPolicy(tier=tier), onload_device="cpu")
     with torch.no_grad():
         assert torch.equal(model(**x), ref)
@@ -142,7 +144,8 @@ def test_a_write_while_the_group_computes_fails_the_forward(tmp_path):
     returning what it computed from changed bytes."""
     x, ref = reference("fp32")
     model = make_model("fp32")
-    handle = apply_offload(model, OffloadPolicy(tier=DiskTier(str(tmp_path))), onload_device="cpu")
+    tier = DiskTier(str(tmp_path), cpu_read="mapped")
+    handle = apply_offload(model, OffloadPolicy(tier=tier), onload_device="cpu")
     g = handle._engine.groups[1]
     target = g.source.plan.path
     state = {"armed": True, "byte": 0}
@@ -163,3 +166,56 @@ def test_a_write_while_the_group_computes_fails_the_forward(tmp_path):
         for _ in range(2):
             assert torch.equal(model(**x), ref)
     handle.remove()
+
+
+# -- cpu_read="auto": the rule, on fixed inputs, then both of its answers end to end --------
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("asked", "slots", "available", "chosen"),
+    [
+        ("auto", 1 * GIB, 16 * GIB, "copy"),  # slots are a small share of free RAM
+        ("auto", 4 * GIB, 16 * GIB, "copy"),  # exactly the share: still copy
+        ("auto", 4 * GIB + 1, 16 * GIB, "mapped"),  # RAM is the constraint
+        ("auto", 1 * GIB, None, "mapped"),  # unknown RAM: the side that holds none
+        ("mapped", 1, 16 * GIB, "mapped"),  # asked for explicitly: never overridden
+        ("copy", 64 * GIB, 1 * GIB, "copy"),
+    ],
+)
+def test_cpu_read_rule(asked, slots, available, chosen):
+    assert placement.choose_cpu_read(asked, slots, available) == chosen
+
+
+@pytest.mark.parametrize(("available", "kind"), [(1 << 50, "slot"), (1, "mapped")])
+def test_auto_takes_the_path_the_rule_chose_and_stays_exact(tmp_path, monkeypatch, available, kind):
+    monkeypatch.setattr(placement, "available_ram", lambda: available)
+    x, ref = reference("fp32")
+    model = make_model("fp32")
+    handle = apply_offload(model, OffloadPolicy(tier=DiskTier(str(tmp_path))), onload_device="cpu")
+    engine = handle._engine
+    assert engine is not None
+    mapped = all(isinstance(g.source, MappedSource) for g in engine.groups if g.host_forms)
+    assert mapped == (kind == "mapped") and (engine.slots == []) == mapped
+    assert any("cpu_read auto" in n for n in handle.plan.notes + handle._placement.notes)
+    with torch.no_grad():
+        outs = [model(**x) for _ in range(2)]
+    handle.remove()
+    assert all(torch.equal(o, ref) for o in outs)
+
+
+def test_unchecked_reads_join_contiguous_chunks_into_runs(monkeypatch):
+    """A read whose checksums are not due is one request per contiguous run (sources/reads.py:
+    [Note: what is checked when]); a gap in the file or in the slab, or the size cap, splits."""
+    monkeypatch.setattr(reads, "RUN", 48)
+    c = reads.Chunk
+    plan = reads.ReadPlan(
+        Path("x"), -1, reads.FileIdentity(0, 0, 0, 0), [
+            c(0, 0, 16, 1), c(16, 16, 16, 2), c(32, 32, 16, 3),  # joined, up to the cap
+            c(48, 48, 16, 4),  # the cap starts a new run
+            c(80, 64, 16, 5),  # a gap in the file
+            c(96, 96, 16, 6),  # a gap in the slab
+        ], owned=True,
+    )  # fmt: skip
+    got = [(r.file_offset, r.buf_offset, r.nbytes) for r in plan.runs]
+    assert got == [(0, 0, 48), (48, 48, 16), (80, 64, 16), (96, 96, 16)]

@@ -3,7 +3,7 @@
 This is the one place that decides which source a group gets (``_source_for``): a resident
 device buffer under a VRAM budget, a host slab for the RAM tiers, and for the disk tier the
 user's checkpoint when its bytes are the model's, else Ferry's own group file (computed from
-in place, mapped, on a CPU). Weights move group by group and each group's original storage
+in place, mapped, on a CPU, when ``choose_cpu_read`` says so). Weights move group by group and each group's original storage
 is released as soon as its copy is in place, so the model is never twice in RAM; if anything
 fails half-way, the groups already placed are put back.
 """
@@ -14,6 +14,7 @@ import logging
 import mmap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
@@ -23,6 +24,7 @@ from ..model.layout import Entry
 from ..model.plan import OffloadPlan
 from ..policy import DiskTier, PinnedRamTier
 from ..runtime.group import GroupRuntime
+from ..runtime.memory import system_available_ram
 from ..transfer.backend import Backend
 from .base import WeightSource
 from .checkpoint import Index, checkpoint_plan, checkpoint_spans, find_prefix, read_checkpoint_index
@@ -37,6 +39,38 @@ log = logging.getLogger("ferry")
 Progress = Callable[[int, int], None]
 #: A group file's header, beside its data, when sizing the disk tier's folder.
 HEADER_ALLOWANCE = 65536
+#: cpu_read="auto" copies into slots while they take at most this share of the RAM available
+#: at apply; above it RAM is the constraint and the groups are computed from the mapping.
+COPY_RAM_SHARE = 0.25
+
+
+def choose_cpu_read(
+    asked: str, slots_bytes: int, available: int | None
+) -> Literal["mapped", "copy"]:
+    """The disk tier's read path on a CPU onload device.
+
+    "auto" copies: measured on a 2-core VM (docs/benchmarks.md), computing from a reused slot
+    filled by O_DIRECT reads beat computing from freshly read page cache in every regime
+    (each cold forward maps new page-cache pages, which the guest faults in again). The
+    mapped path holds no anonymous slots, so it is kept where the slots would take more than
+    ``COPY_RAM_SHARE`` of the available RAM (or ``available`` is unknown and the platform
+    maps: the safe side for RAM), and wherever it is asked for.
+    """
+    if asked in ("mapped", "copy"):
+        return asked  # type: ignore[return-value]
+    if not can_map():
+        return "copy"
+    if available is None or slots_bytes > available * COPY_RAM_SHARE:
+        return "mapped"
+    return "copy"
+
+
+def available_ram() -> int | None:
+    """The RAM the system could give now (psutil's "available"), None where unknown."""
+    try:
+        return system_available_ram()
+    except (ImportError, OSError):
+        return None
 
 
 class Placement:
@@ -53,6 +87,7 @@ class Placement:
         self.notes: list[str] = []
         self._checkpoint: tuple[Path, Index, str] | None = None
         self._mmaps: dict[str, tuple[mmap.mmap, torch.Tensor]] = {}
+        self.cpu_read: Literal["mapped", "copy"] = "copy"
 
     @property
     def streamed(self) -> list[GroupRuntime]:
@@ -88,11 +123,22 @@ class Placement:
             for g, gp in zip(self.plan.grouping.groups, self.plan.groups)
             if not gp.resident and not self._in_checkpoint(g.entries)
         )
+        if self.backend.synchronous:
+            self._choose_cpu_read(tier)
         self.store = GroupStore.open(tier.path, self.name, need)
         self.store.direct_io = tier.direct_io
         if self.store.stale_note:
             log.warning("ferry: %s", self.store.stale_note)
             self.notes.append(self.store.stale_note)
+
+    def _choose_cpu_read(self, tier: DiskTier) -> None:
+        slots = self.plan.n_slots * self.plan.slot_bytes
+        self.cpu_read = choose_cpu_read(tier.cpu_read, slots, available_ram())
+        if tier.cpu_read == "auto":
+            self.notes.append(
+                f"cpu_read auto: {self.cpu_read} ({self.plan.n_slots} slots of "
+                f"{self.plan.slot_bytes >> 20} MiB; see choose_cpu_read)"
+            )
 
     def _read_checkpoint(self, path: Path) -> tuple[Path, Index, str] | None:
         index = read_checkpoint_index(path)
@@ -144,7 +190,7 @@ class Placement:
         read_plan = self.store.write_group(spec.index, spec.entries, packed)
         read_plan.verify_every_read = tier.verify == "every_read"
         forms = self._file_forms(spec, read_plan, checkpoint=False)
-        if self.backend.synchronous and tier.cpu_read == "mapped" and can_map():
+        if self.backend.synchronous and self.cpu_read == "mapped" and can_map():
             return MappedSource(read_plan, self._mapping(read_plan)[0]), forms
         return FileSource(read_plan), forms
 

@@ -9,6 +9,11 @@ fails. That catches what the identity cannot (a write the disk got wrong, a torn
 an earlier run) at 0.29 CPU-s per GB once, not on every forward. ``DiskTier(verify=
 "every_read")`` checks them on every read (media that can rot under an unchanged file).
 A bad chunk raises CorruptGroupFileError; its bytes are never used.
+A read whose checksums are not due is issued as one request per contiguous run of chunks
+(``ReadPlan.runs``), not per chunk: the kernel splits a large O_DIRECT request into the
+device's largest requests and keeps them all in flight, so one system call and one thread
+wake-up per group reach the disk's speed (measured beside compute on the 2-core VM: one
+256 MiB-1 GiB request 2.6-2.7 GB/s, four threads of 16 MiB 1.9-2.6 GB/s).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import errno
 import os
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -24,8 +30,10 @@ import torch
 from ..errors import CorruptGroupFileError
 from ..model.layout import PAGE
 
-#: Reads are issued, and checksums kept, per chunk of this many bytes.
+#: Checksums are kept per chunk of this many bytes (and checked reads issued per chunk).
 CHUNK = 16 << 20
+#: An unchecked read joins contiguous chunks into requests of at most this many bytes.
+RUN = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,24 @@ class ReadPlan:
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.chunks)
+
+    @cached_property
+    def runs(self) -> list[Chunk]:
+        """The chunks joined where they continue each other in the file and in the slab:
+        the requests of a read whose checksums are not due (their ``crc`` is unused)."""
+        runs: list[Chunk] = []
+        for c in self.chunks:
+            last = runs[-1] if runs else None
+            if (
+                last is not None
+                and last.file_offset + last.nbytes == c.file_offset
+                and last.buf_offset + last.nbytes == c.buf_offset
+                and last.nbytes + c.nbytes <= RUN
+            ):
+                runs[-1] = Chunk(last.file_offset, last.buf_offset, last.nbytes + c.nbytes, 0)
+            else:
+                runs.append(Chunk(c.file_offset, c.buf_offset, c.nbytes, 0))
+        return runs
 
     @property
     def span(self) -> int:

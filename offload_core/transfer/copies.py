@@ -159,10 +159,14 @@ class Transfers:
         t0 = time.perf_counter()
         changed = check_identity(plan)
         verify = plan.needs_checksums(changed)
-        futures = [self._chunks().submit(read_chunk, plan, c, buf, verify) for c in plan.chunks]
-        wait(futures)
-        for f in futures:
-            f.result()  # re-raises a truncated or corrupt chunk
+        parts = plan.chunks if verify else plan.runs  # checked: per chunk, CRCs in parallel
+        if len(parts) == 1:
+            read_chunk(plan, parts[0], buf, verify)  # one request: no hop to another thread
+        else:
+            futures = [self._chunks().submit(read_chunk, plan, c, buf, verify) for c in parts]
+            wait(futures)
+            for f in futures:
+                f.result()  # re-raises a truncated or corrupt chunk
         plan.accept(changed)
         self.counters.add(bytes_disk=plan.nbytes, disk_s=time.perf_counter() - t0)
 
