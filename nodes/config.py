@@ -20,7 +20,7 @@ from ..offload_core.sources import disk_folder
 LEVELS = ("block", "leaf")
 TIERS = ("pinned", "ram", "disk")
 VERIFY_CHOICES = ("first_read", "every_read")
-CPU_READ_CHOICES = ("mapped", "copy")
+CPU_READ_CHOICES = ("auto", "mapped", "copy")
 
 # offload_core setting name -> the widget a user changes to fix it.
 _WIDGET_FOR_SETTING = {
@@ -78,7 +78,7 @@ def policy_from_inputs(
     headroom_gb: float = DEFAULT_HEADROOM_GB,
     direct_io: bool = True,
     verify: str = "first_read",
-    cpu_read: str = "mapped",
+    cpu_read: str = "auto",
 ) -> OffloadPolicy:
     """The policy the widgets describe, validated. Raises NodeInputError naming a widget.
 

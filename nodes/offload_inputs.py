@@ -90,7 +90,8 @@ def advanced_inputs() -> list[io.Input]:
         ),
         io.Combo.Input(
             "cpu_read", options=list(CPU_READ_CHOICES), default=disk.cpu_read, optional=True,
-            tooltip="Disk tier on a CPU: mapped computes straight from the page cache; copy "
-            "reads each group into a buffer. On a GPU groups are always copied.",
+            tooltip="Disk tier on a CPU: auto copies each group into a buffer (faster) unless "
+            "the buffers would take over a quarter of the free RAM, then maps; mapped computes "
+            "straight from the page cache (least RAM); copy always copies. A GPU always copies.",
         ),
     ]  # fmt: skip

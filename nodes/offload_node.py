@@ -120,7 +120,7 @@ class FerryOffloadModel(io.ComfyNode):
         headroom_gb: float = DEFAULT_HEADROOM_GB,
         direct_io: bool = True,
         verify: str = "first_read",
-        cpu_read: str = "mapped",
+        cpu_read: str = "auto",
     ) -> io.NodeOutput:
         if use_panel_settings:
             policy = policy_from_panel(load_settings)

@@ -189,9 +189,14 @@ def _advanced_disk_widgets() -> list[Any]:
             info="Every read: catches a disk that corrupts data later, at some CPU cost.",
         )  # fmt: skip
         cpu_read = gr.Radio(
-            [("Map the files (no copy)", "mapped"), ("Copy into a buffer", "copy")],
+            [
+                ("Automatic (copy unless RAM is short)", "auto"),
+                ("Map the files (no copy)", "mapped"),
+                ("Copy into a buffer", "copy"),
+            ],
             value=defaults.cpu_read, label="On a CPU-only machine", elem_id="ferry-cpu-read",
-            info="Mapped computes straight from the files' page cache. On a GPU groups are always copied.",
+            info="Copy is faster; mapped computes from the files' page cache with almost no RAM. "
+            "On a GPU groups are always copied.",
         )  # fmt: skip
     return [direct_io, verify, cpu_read]
 
