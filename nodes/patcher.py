@@ -31,6 +31,8 @@ from .binding import OffloadBinding
 from .config import FerryConfig, NodeInputError, as_node_error
 from .dynamic import plain_patcher
 from .pusher import ensure_pushing
+from .recovery import KEY as RECOVERY_KEY
+from .recovery import guard
 from .stream_loader import is_lazy, materialize, stream_weights
 
 log = logging.getLogger("ferry")
@@ -259,4 +261,6 @@ def ferry_clone(model: Any, config: FerryConfig) -> Any:
     n = src.clone()
     n.__class__ = ferry_patcher_class(type(src))
     n.ferry_config = config
+    if guard not in n.get_wrappers(WrappersMP.APPLY_MODEL, RECOVERY_KEY):
+        n.add_wrapper_with_key(WrappersMP.APPLY_MODEL, RECOVERY_KEY, guard)
     return n

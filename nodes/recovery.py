@@ -1,0 +1,84 @@
+"""When a fault meets a Ferry layout inside ComfyUI: recover by the next prompt, in its words.
+
+offload_core rewrites a damaged group file itself where the model has a source of truth (the
+Ferry loader's checkpoint). Where it has none (UNETLoader's model lived only in RAM before
+Ferry laid it out), the damaged file held the only copy of those weights. Then Ferry drops the
+layout (those tensors go to the meta device, never used) and asks ComfyUI to load the model
+again before the next prompt, the way the "Unload models" / "Free model and node cache"
+buttons do (``POST /free``): the prompt queue's ``free_memory`` flag, which ComfyUI's prompt
+worker reads after the current prompt ends: it unloads every model and resets the executor's
+cache, so the loader node runs again and the next prompt gets the model from its file, with or
+without the Ferry node in the graph. It says so once, in the log and in the node error.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..offload_core import CorruptGroupFileError, FerryError
+from .binding import ATTR, OffloadBinding
+
+log = logging.getLogger("ferry")
+KEY = "ferry.recovery"  # the APPLY_MODEL wrapper's key on a Ferry patcher
+
+
+class ModelReloadError(FerryError):
+    """What the sampling node shows: what happened and what ComfyUI does next."""
+
+
+def request_reload() -> bool:
+    """ComfyUI's own "free models and node cache" for after this prompt; False outside it."""
+    try:
+        import server  # ComfyUI's; the pack also loads outside ComfyUI (CI)
+    except ImportError:
+        return False
+    queue = getattr(getattr(server.PromptServer, "instance", None), "prompt_queue", None)
+    if queue is None:
+        return False
+    queue.set_flag("free_memory", True)
+    return True
+
+
+def damaged_file(err: BaseException) -> tuple[str, str]:
+    """The file and the folder the error names (the first path in its message)."""
+    for word in str(err).split():
+        if word.endswith(".safetensors"):
+            p = Path(word)
+            return p.name, str(p.parent)
+    return "a group file", "Ferry's disk folder"
+
+
+def drop_and_reload(binding: OffloadBinding | None, err: BaseException) -> ModelReloadError:
+    """Drops the layout whose file lost its weights and makes ComfyUI load the model again."""
+    name, folder = damaged_file(err)
+    if binding is not None:
+        try:
+            binding.release()
+        except FerryError as e:  # the groups it could not read back are on meta: expected
+            log.debug("ferry: releasing after a damaged file: %s", e)
+    reloads = request_reload()
+    then = (
+        "ComfyUI loads the model again from its file before the next prompt (no restart)"
+        if reloads
+        else "load the model again"
+    )
+    msg = (
+        f"Ferry Offload Model: the group file {name} in the disk folder {folder} was damaged "
+        f"after it was written (truncated, changed or replaced; its bytes were not used), and "
+        f"it held the only copy of those weights. Ferry dropped its layout: {then}."
+    )
+    log.warning("ferry: %s", msg)
+    return ModelReloadError(msg)
+
+
+def guard(executor: Any, *args: Any, **kwargs: Any) -> Any:
+    """ComfyUI's APPLY_MODEL wrapper on a Ferry patcher: a damaged file Ferry could not
+    rewrite becomes a reload of the model, not a model stranded until a restart."""
+    try:
+        return executor(*args, **kwargs)
+    except CorruptGroupFileError as e:
+        base = getattr(executor, "class_obj", None)
+        binding = base.__dict__.get(ATTR) if base is not None else None
+        raise drop_and_reload(binding, e) from e
