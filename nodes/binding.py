@@ -29,11 +29,12 @@ from ..offload_core import (
     find_offload,
     plan_offload,
 )
+from ..offload_core.errors import WeightsLostError
 from ..offload_core.model.plan import OffloadPlan
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
 from .config import FerryConfig
+from .recovery import ATTR, drop_and_reload
 
-ATTR = "ferry_binding"
 Progress = Callable[[int, int], None]
 _all: weakref.WeakSet[OffloadBinding] = weakref.WeakSet()
 
@@ -143,7 +144,9 @@ class OffloadBinding:
             return False
         assert self.handle is not None
         try:
-            self.handle.remove()  # never stops half-way (a damaged file: WeightsLostError)
+            self.handle.remove()  # never stops half-way
+        except WeightsLostError as e:  # their only copy was a damaged file: see recovery.py
+            raise drop_and_reload(None, e) from e
         finally:
             self.handle, self.key, self._owner = None, None, None
         return True

@@ -14,11 +14,13 @@ without the Ferry node in the graph. It says so once, in the log and in the node
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
 from ..offload_core import CorruptGroupFileError, FerryError
-from .binding import ATTR, OffloadBinding
+
+ATTR = "ferry_binding"  # binding.py's attribute on the shared BaseModel (imports this file)
 
 log = logging.getLogger("ferry")
 KEY = "ferry.recovery"  # the APPLY_MODEL wrapper's key on a Ferry patcher
@@ -43,25 +45,25 @@ def request_reload() -> bool:
 
 def damaged_file(err: BaseException) -> tuple[str, str]:
     """The file and the folder the error names (the first path in its message)."""
-    for word in str(err).split():
-        if word.endswith(".safetensors"):
-            p = Path(word)
-            return p.name, str(p.parent)
-    return "a group file", "Ferry's disk folder"
+    m = re.search(r"(/[^\s:()]+\.safetensors)", str(err))
+    if m is None:
+        return "a group file", "Ferry's disk folder"
+    p = Path(m.group(1))
+    return p.name, str(p.parent)
 
 
-def drop_and_reload(binding: OffloadBinding | None, err: BaseException) -> ModelReloadError:
-    """Drops the layout whose file lost its weights and makes ComfyUI load the model again."""
-    name, folder = damaged_file(err)
+def drop_and_reload(binding: Any, err: BaseException) -> ModelReloadError:
+    """Drops the layout whose file lost its weights and makes ComfyUI load the model again.
+    ``binding`` (an OffloadBinding, or None once it let go) is released first."""
     if binding is not None:
         try:
             binding.release()
-        except FerryError as e:  # the groups it could not read back are on meta: expected
-            log.debug("ferry: releasing after a damaged file: %s", e)
-    reloads = request_reload()
+        except ModelReloadError as e:
+            return e  # release found the loss itself and said so
+    name, folder = damaged_file(err)
     then = (
         "ComfyUI loads the model again from its file before the next prompt (no restart)"
-        if reloads
+        if request_reload()
         else "load the model again"
     )
     msg = (

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import PACK_NAME, load_pack
-from tests.test_nodes_binding import X, Owner, cfg
+from tests.test_nodes_binding import Owner, X, cfg
 
 load_pack()
 binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.binding")
@@ -114,3 +114,22 @@ def test_a_layout_the_binding_lost_track_of_is_let_go(tmp_path: Path) -> None:
     assert torch.equal(recovery.guard(Executor(owner), X), ref)
     b.release()
     assert oc.live_offloads() == []
+
+
+@pytest.mark.parametrize("next_prompt", ["changed-widget", "ferry-bypassed"])
+def test_the_prompt_right_after_the_damage_reloads_whatever_the_graph(
+    tmp_path: Path, comfy_server: Queue, next_prompt: str
+) -> None:
+    """No forward met the damage yet: the next prompt's changed widget (the node plans again)
+    or a plain patcher (ComfyUI detaches the Ferry one: release) finds it on letting go."""
+    owner, b, ref, files = _laid_out(tmp_path)
+    os.truncate(files[0], files[0].stat().st_size - 10)
+    with pytest.raises(recovery.ModelReloadError, match=files[0].name) as e:
+        if next_prompt == "changed-widget":
+            b.plan(cfg("disk", disk_path=str(tmp_path), prefetch_depth=2), "cpu")
+        else:
+            b.release()
+    assert "ComfyUI loads the model again" in str(e.value)
+    assert comfy_server.flags == {"free_memory": True}
+    assert not b.live and oc.live_offloads() == [] and not any(tmp_path.iterdir())
+    b.release()  # nothing left to let go: no error
