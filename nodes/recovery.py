@@ -81,6 +81,23 @@ def guard(executor: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return executor(*args, **kwargs)
     except CorruptGroupFileError as e:
-        base = getattr(executor, "class_obj", None)
-        binding = base.__dict__.get(ATTR) if base is not None else None
-        raise drop_and_reload(binding, e) from e
+        raise drop_and_reload(_binding(executor), e) from e
+    except OSError as e:  # a read failed (EIO, a vanished network disk): nothing was used
+        raise ModelReloadError(read_failed(_binding(executor), e)) from e
+
+
+def _binding(executor: Any) -> Any:
+    base = getattr(executor, "class_obj", None)
+    return base.__dict__.get(ATTR) if base is not None else None
+
+
+def read_failed(binding: Any, err: OSError) -> str:
+    """A read that failed leaves the layout as it was: the next prompt reads again."""
+    handle = getattr(binding, "handle", None)
+    folder = handle.stats().disk_folder if handle is not None else None
+    where = f"the disk folder {folder}" if folder else "Ferry's disk folder"
+    return (
+        f"Ferry Offload Model: reading a group file in {where} failed "
+        f"({err.strerror or err}); no weights were used from it and the layout is kept: the "
+        "next prompt reads it again (check the disk if this repeats)"
+    )

@@ -3,6 +3,7 @@ truth becomes a reload of the model, and "already has a Ferry offload" never rea
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
@@ -122,7 +123,7 @@ def test_the_prompt_right_after_the_damage_reloads_whatever_the_graph(
 ) -> None:
     """No forward met the damage yet: the next prompt's changed widget (the node plans again)
     or a plain patcher (ComfyUI detaches the Ferry one: release) finds it on letting go."""
-    owner, b, ref, files = _laid_out(tmp_path)
+    _, b, _, files = _laid_out(tmp_path)
     os.truncate(files[0], files[0].stat().st_size - 10)
     with pytest.raises(recovery.ModelReloadError, match=files[0].name) as e:
         if next_prompt == "changed-widget":
@@ -133,3 +134,26 @@ def test_the_prompt_right_after_the_damage_reloads_whatever_the_graph(
     assert comfy_server.flags == {"free_memory": True}
     assert not b.live and oc.live_offloads() == [] and not any(tmp_path.iterdir())
     b.release()  # nothing left to let go: no error
+
+
+def test_a_failed_read_is_a_clear_error_and_the_next_prompt_reads_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner, b, ref, _ = _laid_out(tmp_path)
+    real, failed = os.preadv, []
+
+    def eio(fd, bufs, offset):  # type: ignore[no-untyped-def]
+        if not failed:
+            failed.append(fd)
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, bufs, offset)
+
+    b.release()  # the copy path reads with preadv (the mapped one faults pages in)
+    b.ensure(cfg("disk", disk_path=str(tmp_path), cpu_read="copy"), "cpu", None, lambda: None)
+    monkeypatch.setattr(os, "preadv", eio)
+    with pytest.raises(recovery.ModelReloadError) as e:
+        recovery.guard(Executor(owner), X)
+    assert "Input/output error" in str(e.value) and str(tmp_path) in str(e.value)
+    assert failed and b.live
+    assert torch.equal(recovery.guard(Executor(owner), X), ref)
+    b.release()
