@@ -32,7 +32,7 @@ from .config import FerryConfig, NodeInputError, as_node_error
 from .dynamic import plain_patcher
 from .pusher import ensure_pushing
 from .recovery import KEY as RECOVERY_KEY
-from .recovery import guard
+from .recovery import ModelReloadError, guard, has_meta, in_prompt
 from .stream_loader import is_lazy, materialize, stream_weights
 
 log = logging.getLogger("ferry")
@@ -48,7 +48,14 @@ class FerryPatcherMixin:
         return OffloadBinding.of(self.model, self.model.diffusion_model)
 
     def _ferry_release(self) -> bool:
-        return hasattr(self.model, "diffusion_model") and self._ferry_binding().release()
+        if not hasattr(self.model, "diffusion_model"):
+            return False
+        try:
+            return self._ferry_binding().release()
+        except ModelReloadError:
+            if in_prompt():
+                raise  # the node error says what happened and that the model reloads
+            return True  # logged once, reload requested; ComfyUI's worker must not die
 
     def _ferry_release_on_detach(self) -> bool:
         return hasattr(
@@ -215,8 +222,9 @@ class FerryPatcherMixin:
         # be plain again.
         if unpatch_weights and self._ferry_release():
             self.model.model_loaded_weight_memory = 0
-        if device_to is not None and unpatch_weights and is_lazy(self.model):
-            # The weights are back in their file (meta): move only what is real.
+        if device_to is not None and unpatch_weights and has_meta(self.model):
+            # The weights are back in their file, or lost with a damaged one and reloading
+            # (meta, recovery.py): move only what is real.
             for m in self._ferry_outside_modules():
                 m.to(device_to)
             super().unpatch_model(None, unpatch_weights)  # type: ignore[misc]

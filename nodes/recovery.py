@@ -30,17 +30,36 @@ class ModelReloadError(FerryError):
     """What the sampling node shows: what happened and what ComfyUI does next."""
 
 
-def request_reload() -> bool:
-    """ComfyUI's own "free models and node cache" for after this prompt; False outside it."""
+def _queue() -> Any:
     try:
         import server  # ComfyUI's; the pack also loads outside ComfyUI (CI)
     except ImportError:
-        return False
-    queue = getattr(getattr(server.PromptServer, "instance", None), "prompt_queue", None)
+        return None
+    return getattr(getattr(server.PromptServer, "instance", None), "prompt_queue", None)
+
+
+def request_reload() -> bool:
+    """ComfyUI's own "free models and node cache" for after this prompt; False outside it."""
+    queue = _queue()
     if queue is None:
         return False
     queue.set_flag("free_memory", True)
     return True
+
+
+def in_prompt() -> bool:
+    """Whether a prompt is executing (an error then becomes its node error). Outside one
+    (the prompt worker unloading models, POST /free) an error would end ComfyUI's worker."""
+    return bool(getattr(_queue(), "currently_running", None))
+
+
+def has_meta(base: Any) -> bool:
+    """The diffusion model has tensors with no data: lost with a damaged file, or waiting in
+    the Ferry loader's checkpoint. Such a model must not be moved whole (``.to`` refuses)."""
+    dm = getattr(base, "diffusion_model", None)
+    if dm is None:
+        return False
+    return any(t.device.type == "meta" for t in [*dm.parameters(), *dm.buffers()])
 
 
 def damaged_file(err: BaseException) -> tuple[str, str]:
