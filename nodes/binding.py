@@ -33,7 +33,7 @@ from ..offload_core.errors import WeightsLostError
 from ..offload_core.model.plan import OffloadPlan
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
 from .config import FerryConfig
-from .recovery import ATTR, drop_and_reload
+from .recovery import ATTR, LOST, drop_and_reload
 
 Progress = Callable[[int, int], None]
 _all: weakref.WeakSet[OffloadBinding] = weakref.WeakSet()
@@ -146,7 +146,11 @@ class OffloadBinding:
         try:
             self.handle.remove()  # never stops half-way
         except WeightsLostError as e:  # their only copy was a damaged file: see recovery.py
-            raise drop_and_reload(None, e) from e
+            err = drop_and_reload(None, e)
+            base = self._base() if self._base is not None else None
+            if base is not None:
+                base.__dict__[LOST] = err  # a later Ferry load says it again (patcher.py)
+            raise err from e
         finally:
             self.handle, self.key, self._owner = None, None, None
         return True

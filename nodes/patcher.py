@@ -32,7 +32,7 @@ from .config import FerryConfig, NodeInputError, as_node_error
 from .dynamic import plain_patcher
 from .pusher import ensure_pushing
 from .recovery import KEY as RECOVERY_KEY
-from .recovery import ModelReloadError, guard, has_meta, in_prompt
+from .recovery import ModelReloadError, guard, has_meta, in_prompt, refuse_lost
 from .stream_loader import is_lazy, materialize, stream_weights
 
 log = logging.getLogger("ferry")
@@ -70,6 +70,7 @@ class FerryPatcherMixin:
 
     def _ferry_refuse_compile(self) -> None:
         # Checked on every load, before any weight moves (a laid-out model skips load()).
+        refuse_lost(self.model)
         if self.get_wrappers(WrappersMP.APPLY_MODEL, COMPILE_KEY):
             raise FerryError(COMPILE_HELP)
 

@@ -24,6 +24,7 @@ ATTR = "ferry_binding"  # binding.py's attribute on the shared BaseModel (import
 
 log = logging.getLogger("ferry")
 KEY = "ferry.recovery"  # the APPLY_MODEL wrapper's key on a Ferry patcher
+LOST = "ferry_lost"  # on a BaseModel whose weights went with a damaged file: its error
 
 
 class ModelReloadError(FerryError):
@@ -120,3 +121,12 @@ def read_failed(binding: Any, err: OSError) -> str:
         f"({err.strerror or err}); no weights were used from it and the layout is kept: the "
         "next prompt reads it again (check the disk if this repeats)"
     )
+
+
+def refuse_lost(base: Any) -> None:
+    """A Ferry load of a model whose weights were lost (found where no error can surface:
+    a clone garbage-collected mid-prompt) says what happened instead of moving meta tensors.
+    ComfyUI's reload, already requested, replaces the model before the next prompt."""
+    err = base.__dict__.get(LOST)
+    if err is not None and has_meta(base):
+        raise err
