@@ -58,9 +58,7 @@ def has_meta(base: Any) -> bool:
     """The diffusion model has tensors with no data: lost with a damaged file, or waiting in
     the Ferry loader's checkpoint. Such a model must not be moved whole (``.to`` refuses)."""
     dm = getattr(base, "diffusion_model", None)
-    if dm is None:
-        return False
-    return any(t.device.type == "meta" for t in [*dm.parameters(), *dm.buffers()])
+    return dm is not None and has_meta_module(dm)
 
 
 def damaged_file(err: BaseException) -> tuple[str, str]:
@@ -130,3 +128,19 @@ def refuse_lost(base: Any) -> None:
     err = base.__dict__.get(LOST)
     if err is not None and has_meta(base):
         raise err
+
+
+def refuse_forward(module: Any, err: ModelReloadError) -> None:
+    """Any forward of a module whose weights were lost raises ``err`` (a plain clone, the
+    Ferry node bypassed, would otherwise compute on meta tensors and fail obscurely). The
+    module goes with ComfyUI's reload, and the hook with it."""
+
+    def refuse(mod: Any, args: Any) -> None:
+        if has_meta_module(mod):
+            raise err
+
+    module.register_forward_pre_hook(refuse)
+
+
+def has_meta_module(module: Any) -> bool:
+    return any(t.device.type == "meta" for t in [*module.parameters(), *module.buffers()])

@@ -134,6 +134,9 @@ def test_the_prompt_right_after_the_damage_reloads_whatever_the_graph(
     assert comfy_server.flags == {"free_memory": True}
     assert not b.live and oc.live_offloads() == [] and not any(tmp_path.iterdir())
     b.release()  # nothing left to let go: no error
+    # A plain forward of the module (the Ferry node bypassed) says what happened too.
+    with torch.no_grad(), pytest.raises(recovery.ModelReloadError, match=files[0].name):
+        b.module(X)
 
 
 def test_a_failed_read_is_a_clear_error_and_the_next_prompt_reads_again(
