@@ -33,7 +33,7 @@ from ..offload_core.errors import WeightsLostError
 from ..offload_core.model.plan import OffloadPlan
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
 from .config import FerryConfig
-from .recovery import ATTR, LOST, drop_and_reload, refuse_forward
+from .recovery import ATTR, LOST, ModelReloadError, drop_and_reload, refuse_forward
 
 Progress = Callable[[int, int], None]
 _all: weakref.WeakSet[OffloadBinding] = weakref.WeakSet()
@@ -200,7 +200,10 @@ def release_from_panel(handle: Any, policy: Any) -> str:
     name = getattr(handle, "name", "model")
     for b in list(_all):
         if b.handle is handle:
-            b.release()
+            try:
+                b.release()
+            except ModelReloadError as e:  # a damaged file: ComfyUI reloads the model
+                return str(e)
             base = b._base() if b._base is not None else None
             if base is not None and hasattr(base, "model_loaded_weight_memory"):
                 base.model_loaded_weight_memory = 0  # ComfyUI's count of the freed device bytes

@@ -160,3 +160,13 @@ def test_a_failed_read_is_a_clear_error_and_the_next_prompt_reads_again(
     assert failed and b.live
     assert torch.equal(recovery.guard(Executor(owner), X), ref)
     b.release()
+
+
+def test_the_panels_apply_after_the_damage_says_what_comfyui_does(
+    tmp_path: Path, comfy_server: Queue
+) -> None:
+    _, b, _, files = _laid_out(tmp_path)
+    os.truncate(files[0], files[0].stat().st_size - 10)
+    said = binding_mod.release_from_panel(b.handle, None)
+    assert files[0].name in said and "ComfyUI loads the model again" in said
+    assert not b.live and comfy_server.flags == {"free_memory": True}
