@@ -33,7 +33,7 @@ from ..offload_core.errors import WeightsLostError
 from ..offload_core.model.plan import OffloadPlan
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
 from .config import FerryConfig
-from .recovery import ATTR, LOST, ModelReloadError, drop_and_reload, refuse_forward
+from .recovery import ATTR, LOST, ModelReloadError, drop_and_reload, quarantine
 
 Progress = Callable[[int, int], None]
 _all: weakref.WeakSet[OffloadBinding] = weakref.WeakSet()
@@ -150,7 +150,7 @@ class OffloadBinding:
             base = self._base() if self._base is not None else None
             if base is not None:
                 base.__dict__[LOST] = err  # a later Ferry load says it again (patcher.py)
-            refuse_forward(self.module, err)  # so does a plain one (the Ferry node bypassed)
+            quarantine(self.module, err)  # so does a plain one (the Ferry node bypassed)
             raise err from e
         finally:
             self.handle, self.key, self._owner = None, None, None

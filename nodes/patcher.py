@@ -224,8 +224,7 @@ class FerryPatcherMixin:
         if unpatch_weights and self._ferry_release():
             self.model.model_loaded_weight_memory = 0
         if device_to is not None and unpatch_weights and has_meta(self.model):
-            # The weights are back in their file, or lost with a damaged one and reloading
-            # (meta, recovery.py): move only what is real.
+            # The weights are back in their file (meta): move only what is real.
             for m in self._ferry_outside_modules():
                 m.to(device_to)
             super().unpatch_model(None, unpatch_weights)  # type: ignore[misc]

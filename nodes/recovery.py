@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..offload_core import CorruptGroupFileError, FerryError
 
 ATTR = "ferry_binding"  # binding.py's attribute on the shared BaseModel (imports this file)
@@ -126,18 +128,27 @@ def refuse_lost(base: Any) -> None:
     a clone garbage-collected mid-prompt) says what happened instead of moving meta tensors.
     ComfyUI's reload, already requested, replaces the model before the next prompt."""
     err = base.__dict__.get(LOST)
-    if err is not None and has_meta(base):
+    if err is not None:
         raise err
 
 
-def refuse_forward(module: Any, err: ModelReloadError) -> None:
-    """Any forward of a module whose weights were lost raises ``err`` (a plain clone, the
-    Ferry node bypassed, would otherwise compute on meta tensors and fail obscurely). The
-    module goes with ComfyUI's reload, and the hook with it."""
+def quarantine(module: Any, err: ModelReloadError) -> None:
+    """A module whose weights were lost until ComfyUI's reload replaces it: its lost (meta)
+    tensors become zeros, so ComfyUI can still move and unload it (``.to`` of a meta tensor
+    raises, and in ComfyUI's prompt worker that would stop every later prompt), and any
+    forward of it raises ``err`` (the zeros are never computed on): a plain clone too, the
+    Ferry node bypassed."""
+    for m in module.modules():
+        for k, p in m._parameters.items():
+            if p is not None and p.device.type == "meta":
+                zeros = torch.zeros(p.shape, dtype=p.dtype)
+                m._parameters[k] = torch.nn.Parameter(zeros, requires_grad=False)
+        for k, b in m._buffers.items():
+            if b is not None and b.device.type == "meta":
+                m._buffers[k] = torch.zeros(b.shape, dtype=b.dtype)
 
     def refuse(mod: Any, args: Any) -> None:
-        if has_meta_module(mod):
-            raise err
+        raise err
 
     module.register_forward_pre_hook(refuse)
 

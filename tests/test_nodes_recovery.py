@@ -134,7 +134,10 @@ def test_the_prompt_right_after_the_damage_reloads_whatever_the_graph(
     assert comfy_server.flags == {"free_memory": True}
     assert not b.live and oc.live_offloads() == [] and not any(tmp_path.iterdir())
     b.release()  # nothing left to let go: no error
-    # A plain forward of the module (the Ferry node bypassed) says what happened too.
+    # ComfyUI can still move and unload the module (a meta tensor's .to() would raise in its
+    # prompt worker), and a plain forward of it (the Ferry node bypassed) says what happened.
+    assert not any(t.device.type == "meta" for t in b.module.parameters())
+    b.module.to("cpu")
     with torch.no_grad(), pytest.raises(recovery.ModelReloadError, match=files[0].name):
         b.module(X)
 
