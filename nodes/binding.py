@@ -23,12 +23,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..offload_core import AlreadyOffloadedError, OffloadHandle, apply_offload, plan_offload
+from ..offload_core import (
+    OffloadHandle,
+    apply_offload,
+    find_offload,
+    plan_offload,
+)
+from ..offload_core.errors import WeightsLostError
 from ..offload_core.model.plan import OffloadPlan
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
 from .config import FerryConfig
+from .recovery import ATTR, LOST, ModelReloadError, drop_and_reload, quarantine
 
-ATTR = "ferry_binding"
 Progress = Callable[[int, int], None]
 _all: weakref.WeakSet[OffloadBinding] = weakref.WeakSet()
 
@@ -65,13 +71,26 @@ class OffloadBinding:
         if self.live and self.handle is not None and self.key is not None and self.key[:2] == k:
             return self.handle.plan
         if k not in self._plans:
-            try:
-                self._plans[k] = plan_offload(self.module, config.policy, onload_device=device)
-            except AlreadyOffloadedError:
-                # Another config is laid out right now; it is released before this one
-                # applies, and apply_offload checks everything again then.
-                raise
+            # Another config is laid out right now: this one replaces it when its model loads,
+            # so it goes now (plans are made from the plain module), and a "model already has
+            # a Ferry offload" error never reaches a node.
+            self._let_go()
+            self._plans[k] = plan_offload(self.module, config.policy, onload_device=device)
         return self._plans[k]
+
+    def _let_go(self) -> None:
+        """Whatever Ferry layout the module has (this binding's or a lost one) is removed."""
+        if find_offload(self.module) is None:
+            return
+        try:
+            self.release()
+            stray = find_offload(self.module)
+            if stray is not None:
+                stray.remove()
+        finally:
+            base = self._base() if self._base is not None else None
+            if base is not None and hasattr(base, "model_loaded_weight_memory"):
+                base.model_loaded_weight_memory = 0  # ComfyUI's count of the freed bytes
 
     def serves(self, config: FerryConfig, device: torch.device | str) -> bool:
         """True when the live layout is ``config``'s on ``device`` (whatever its weights)."""
@@ -103,6 +122,7 @@ class OffloadBinding:
         if self.live and self.key == key:
             return False
         self.release()
+        self._let_go()  # a layout another binding lost track of (see plan())
         weights = prepare_weights()
         self.handle = apply_offload(
             self.module,
@@ -123,8 +143,17 @@ class OffloadBinding:
             self.handle, self.key = None, None
             return False
         assert self.handle is not None
-        self.handle.remove()
-        self.handle, self.key, self._owner = None, None, None
+        try:
+            self.handle.remove()  # never stops half-way
+        except WeightsLostError as e:  # their only copy was a damaged file: see recovery.py
+            err = drop_and_reload(None, e)
+            base = self._base() if self._base is not None else None
+            if base is not None:
+                base.__dict__[LOST] = err  # a later Ferry load says it again (patcher.py)
+            quarantine(self.module, err)  # so does a plain one (the Ferry node bypassed)
+            raise err from e
+        finally:
+            self.handle, self.key, self._owner = None, None, None
         return True
 
     # -- the load_models_gpu handshake (see the Note above) ---------------------------------
@@ -171,7 +200,10 @@ def release_from_panel(handle: Any, policy: Any) -> str:
     name = getattr(handle, "name", "model")
     for b in list(_all):
         if b.handle is handle:
-            b.release()
+            try:
+                b.release()
+            except ModelReloadError as e:  # a damaged file: ComfyUI reloads the model
+                return str(e)
             base = b._base() if b._base is not None else None
             if base is not None and hasattr(base, "model_loaded_weight_memory"):
                 base.model_loaded_weight_memory = 0  # ComfyUI's count of the freed device bytes

@@ -31,6 +31,8 @@ from .binding import OffloadBinding
 from .config import FerryConfig, NodeInputError, as_node_error
 from .dynamic import plain_patcher
 from .pusher import ensure_pushing
+from .recovery import KEY as RECOVERY_KEY
+from .recovery import ModelReloadError, guard, has_meta, in_prompt, refuse_lost
 from .stream_loader import is_lazy, materialize, stream_weights
 
 log = logging.getLogger("ferry")
@@ -46,7 +48,14 @@ class FerryPatcherMixin:
         return OffloadBinding.of(self.model, self.model.diffusion_model)
 
     def _ferry_release(self) -> bool:
-        return hasattr(self.model, "diffusion_model") and self._ferry_binding().release()
+        if not hasattr(self.model, "diffusion_model"):
+            return False
+        try:
+            return self._ferry_binding().release()
+        except ModelReloadError:
+            if in_prompt():
+                raise  # the node error says what happened and that the model reloads
+            return True  # logged once, reload requested; ComfyUI's worker must not die
 
     def _ferry_release_on_detach(self) -> bool:
         return hasattr(
@@ -61,6 +70,7 @@ class FerryPatcherMixin:
 
     def _ferry_refuse_compile(self) -> None:
         # Checked on every load, before any weight moves (a laid-out model skips load()).
+        refuse_lost(self.model)
         if self.get_wrappers(WrappersMP.APPLY_MODEL, COMPILE_KEY):
             raise FerryError(COMPILE_HELP)
 
@@ -213,7 +223,7 @@ class FerryPatcherMixin:
         # be plain again.
         if unpatch_weights and self._ferry_release():
             self.model.model_loaded_weight_memory = 0
-        if device_to is not None and unpatch_weights and is_lazy(self.model):
+        if device_to is not None and unpatch_weights and has_meta(self.model):
             # The weights are back in their file (meta): move only what is real.
             for m in self._ferry_outside_modules():
                 m.to(device_to)
@@ -259,4 +269,6 @@ def ferry_clone(model: Any, config: FerryConfig) -> Any:
     n = src.clone()
     n.__class__ = ferry_patcher_class(type(src))
     n.ferry_config = config
+    if guard not in n.get_wrappers(WrappersMP.APPLY_MODEL, RECOVERY_KEY):
+        n.add_wrapper_with_key(WrappersMP.APPLY_MODEL, RECOVERY_KEY, guard)
     return n

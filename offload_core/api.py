@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -15,6 +16,7 @@ from .runtime.memory import device_memory, release_freed_memory
 from .runtime.stats import Counters, OffloadStats, gbps
 from .sources.checkpoint_stream import CheckpointWeights
 from .sources.placement import Placement, Progress
+from .sources.repair import repair_group
 from .sources.streaming_placement import StreamingPlacement
 from .transfer.backend import backend_for
 
@@ -83,13 +85,19 @@ class OffloadHandle:
         with self._lock:
             if self.removed:
                 return
-            if self._engine is not None:
-                self._engine.uninstall()
-            self._placement.restore_all()
-            release_freed_memory()
-            self.removed = True
-            self.model.__dict__.pop("_ferry_offload", None)
-            registry.unregister(self)
+            # Never half-way: whatever fails, the model no longer has this offload (a node
+            # can then lay it out again, or load the model again).
+            try:
+                if self._engine is not None:
+                    self._engine.uninstall()
+            finally:
+                try:
+                    self._placement.restore_all()
+                finally:
+                    release_freed_memory()
+                    self.removed = True
+                    self.model.__dict__.pop("_ferry_offload", None)
+                    registry.unregister(self)
 
     def __repr__(self) -> str:
         state = "removed" if self.removed else "live"
@@ -143,7 +151,10 @@ def apply_offload(
     engine = None
     if streamed:
         staged = isinstance(plan.policy.tier, DiskTier)
-        engine = Engine(model, streamed, backend, plan.prefetch_depth, counters, staged)
+        engine = Engine(
+            model, streamed, backend, plan.prefetch_depth, counters, staged,
+            repair=functools.partial(repair_group, placement),
+        )  # fmt: skip
         engine.install()
     handle = OffloadHandle(model, name, plan, placement, engine, counters)
     model.__dict__["_ferry_offload"] = handle

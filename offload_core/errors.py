@@ -33,3 +33,18 @@ class CorruptGroupFileError(FerryError):
 
 class OffloadRemovedError(FerryError):
     """The offload handle was removed; the model is resident again."""
+
+
+class WeightsLostError(CorruptGroupFileError):
+    """remove() could not read some groups back (their only copy was a damaged file): the
+    offload is gone all the same and those tensors are on the meta device. ``groups`` and
+    ``files`` name them."""
+
+    def __init__(self, groups: list[str], files: list[str], first: BaseException) -> None:
+        super().__init__(
+            f"the weights of {len(groups)} group(s) ({', '.join(groups[:3])}) were only in "
+            f"damaged file(s) ({', '.join(files[:3])}: {first}); the offload was removed and "
+            "those tensors are on the meta device: load the model again from its file"
+        )
+        self.groups = groups
+        self.files = files

@@ -145,7 +145,7 @@ def test_truncated_group_file_is_detected(tmp_path, cpu_read):
     model, handle, files, x, _ = _applied_on_disk(tmp_path, cpu_read)
     os.truncate(files[3], files[3].stat().st_size - 100)
     for _ in range(2):  # and stays detected: never a wrong output
-        with torch.no_grad(), pytest.raises(CorruptGroupFileError, match="apply it again"):
+        with torch.no_grad(), pytest.raises(CorruptGroupFileError, match="load the model again"):
             model(**x)
     handle._placement.store = None  # keep the evidence out of remove()'s way
     with pytest.raises(CorruptGroupFileError):

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import FerryError
+from ..errors import CorruptGroupFileError, FerryError
 from ..transfer.backend import Backend
 from ..transfer.buffers import Slot
 from ..transfer.copies import Transfers
@@ -49,8 +49,11 @@ class Engine:
         prefetch_depth: int,
         counters: Counters,
         staged: bool,
+        repair: Callable[[GroupRuntime], bool] | None = None,
     ) -> None:
         self.root = root
+        #: Rewrites a damaged group's file from its source of truth (sources/repair.py).
+        self.repair = repair
         self.groups = groups
         self.counters = counters
         self.schedule = Schedule(len(groups), prefetch_depth)
@@ -133,7 +136,17 @@ class Engine:
             self.inflight[p.step] = Load(p, g, slot, ready)
 
     def _activate(self, load: Load) -> None:
-        self.transfers.wait_ready(load.ready)  # wait 1; re-raises a failed read
+        try:
+            self.transfers.wait_ready(load.ready)  # wait 1; re-raises a failed read
+        except CorruptGroupFileError:
+            # Its bytes were never used; where a source of truth exists the file is rewritten
+            # and read again, so this forward goes on ([Note: repairing a group under the
+            # engine] in sources/repair.py).
+            if self.repair is None or not self.repair(load.group):
+                raise
+            g = load.group
+            load.ready = g.source.load(self.transfers, load.slot, load.planned.step)
+            self.transfers.wait_ready(load.ready)
         if load.slot is not None:
             load.group.to_slot(load.slot)
         self.current = load.group
@@ -185,7 +198,12 @@ class Engine:
         self.transfers.flush_timings()
 
     def uninstall(self) -> None:
-        self.quiesce()
+        try:
+            self.quiesce()  # a mapped group's release can find its file damaged
+        finally:
+            self._unhook()
+
+    def _unhook(self) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()

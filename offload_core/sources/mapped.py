@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import CorruptGroupFileError
-from .reads import ReadPlan, check_chunk, check_identity, read_all
+from .reads import ReadPlan, check_chunk, check_identity, damaged_hint, read_all
 
 if TYPE_CHECKING:
     from ..transfer.backend import Backend
@@ -122,8 +122,8 @@ class MappedSource:
                 self.mm.madvise(mmap.MADV_WILLNEED, 0, self.length)
             elif e.errno == errno.EFAULT:  # the file ends before the group does
                 raise CorruptGroupFileError(
-                    f"{self.plan.path} is truncated; its contents were not used. Remove the "
-                    "offload and apply it again to rewrite it"
+                    f"{self.plan.path} is truncated; its contents were not used. "
+                    + damaged_hint(self.plan)
                 ) from None
             else:
                 raise

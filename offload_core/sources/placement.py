@@ -32,6 +32,7 @@ from .file_source import FileSource
 from .host_slab import HostSlabSource
 from .mapped import MappedSource, can_map
 from .reads import ReadPlan
+from .repair import drop_group, in_index, lost_error, refill_from_index
 from .resident import ResidentSource
 from .store import GroupStore
 
@@ -236,25 +237,46 @@ class Placement:
                 self.outside_moved.append((m, attr, is_param, t.device))
                 _move(m, attr, is_param, dev)
 
+    # -- repair (sources/repair.py): a plain model's only copy is Ferry's -------------------
+    def has_truth(self, spec: GroupSpec) -> bool:
+        """Whether the group's bytes can be had again from somewhere other than its source:
+        DiskTier(source_checkpoint=...) holding its tensors (repair checks the bytes match)."""
+        return self._checkpoint is not None and in_index(
+            self._checkpoint[1], self._checkpoint[2], spec
+        )
+
+    def refill(self, spec: GroupSpec, buf: torch.Tensor) -> None:
+        assert self._checkpoint is not None
+        refill_from_index(*self._checkpoint, spec, buf)
+
+    def truth_name(self) -> str:
+        return self._checkpoint[0].name if self._checkpoint is not None else "nowhere"
+
+    def forget_mapping(self, key: str) -> None:
+        self._mmaps.pop(key, None)
+
     # -- remove / roll back ------------------------------------------------------------------
     def restore_all(self) -> None:
         """Every tensor back on its original device, as a fresh ordinary tensor."""
         errors: list[BaseException] = []
+        lost: list[GroupRuntime] = []
         for rt in self.runtimes:
             try:
                 self._restore_group(rt)
             except BaseException as e:  # keep restoring the others; report the first
                 log.error("ferry: restoring group %s failed: %s", rt.name, e)
                 errors.append(e)
+                lost.append(rt)
+                drop_group(rt, self.backend)
         self.runtimes.clear()
         for m, attr, is_param, dev in reversed(self.outside_moved):
             _move(m, attr, is_param, dev)
         self.outside_moved.clear()
         self._mmaps.clear()
-        if self.store is not None and not errors:
-            self.store.delete()
+        if self.store is not None:
+            self.store.delete()  # a damaged layout's files are worth nothing: never left
         if errors:
-            raise errors[0]
+            raise lost_error(lost, errors[0])
 
     def _restore_group(self, rt: GroupRuntime) -> None:
         spec = rt.spec

@@ -176,7 +176,7 @@ def read_chunk(plan: ReadPlan, chunk: Chunk, buf: torch.Tensor, verify: bool = T
         if n == 0:
             raise CorruptGroupFileError(
                 f"{plan.path} is truncated (ended {chunk.nbytes - got} bytes early); its "
-                "contents were not used. Remove the offload and apply it again to rewrite it"
+                f"contents were not used. {damaged_hint(plan)}"
             )
         got += n
     if verify:
@@ -194,8 +194,18 @@ def check_chunk(plan: ReadPlan, chunk: Chunk, data: memoryview) -> None:
     if zlib.crc32(data) != chunk.crc:
         raise CorruptGroupFileError(
             f"{plan.path} changed or is corrupted at byte {chunk.file_offset} (checksum "
-            "mismatch); its contents were not used. Remove the offload and apply it again"
+            f"mismatch); its contents were not used. {damaged_hint(plan)}"
         )
+
+
+def damaged_hint(plan: ReadPlan) -> str:
+    """What happens next, in words a user of any front end can act on (no Python call)."""
+    if not plan.owned:
+        return "Put the original file back, or load the model again"
+    return (
+        "Ferry rewrites it from the model's checkpoint where the model was loaded from one; "
+        "otherwise its weights are lost: load the model again"
+    )
 
 
 def check_identity(plan: ReadPlan) -> FileIdentity | None:
@@ -209,7 +219,6 @@ def check_identity(plan: ReadPlan) -> FileIdentity | None:
         what = "group file" if plan.owned else "source checkpoint"
         raise CorruptGroupFileError(
             f"the {what} {plan.path} was modified after the offload was applied (size "
-            f"{plan.size} -> {now.size}); its contents were not used. Remove the offload and "
-            "apply it again"
+            f"{plan.size} -> {now.size}); its contents were not used. {damaged_hint(plan)}"
         )
     return now

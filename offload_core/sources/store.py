@@ -87,6 +87,12 @@ class GroupStore:
         _fsync_dir(self.folder)
         self._write_marker("ready")
 
+    def reopen(self) -> None:
+        """Makes the folder again if someone deleted it (repair.py rewrites a group in it)."""
+        if not (self.folder / MARKER).exists():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._write_marker("ready")
+
     def _remove_own_files(self) -> None:
         for p in self.folder.iterdir():
             if _GROUP_FILE.match(p.name):

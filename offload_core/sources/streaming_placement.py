@@ -46,6 +46,7 @@ class StreamingPlacement(Placement):
         super().__init__(model, plan, backend, name)
         self.weights = weights
         self._verbatim: set[int] = set()  # groups whose slab is the checkpoint's bytes
+        self._from_file: set[int] = set()  # groups every tensor of which came from the file
         self._outside_from_file: list[tuple[nn.Module, str, bool]] = []
 
     def build(self, progress: Progress | None) -> None:
@@ -71,6 +72,8 @@ class StreamingPlacement(Placement):
         else:
             pinned = isinstance(self.plan.policy.tier, PinnedRamTier) and self.backend.can_pin
             buf = self.backend.empty_host(spec.nbytes, pinned=pinned)
+        if all(e.current().device == META for e in spec.entries):
+            self._from_file.add(spec.index)
         if buf.device.type == "cpu":
             verbatim = self.weights.fill_group(spec, buf)
         else:  # a resident group on an accelerator: through one host slab of its size
@@ -85,6 +88,19 @@ class StreamingPlacement(Placement):
         for e, f in zip(spec.entries, forms):
             _put(e, f)  # a meta tensor cannot take real data (``.data =`` refuses it)
         return GroupRuntime(spec, source, [] if resident else forms)
+
+    # -- repair: the checkpoint is the source of truth (sources/repair.py) ---------------------
+    def has_truth(self, spec: GroupSpec) -> bool:
+        return spec.index in self._from_file
+
+    def refill(self, spec: GroupSpec, buf: torch.Tensor) -> None:
+        """The group's slab as it was laid out, read again from the checkpoint."""
+        with self.weights:
+            for e in spec.entries:
+                self.weights.fill_entry(e, buf)
+
+    def truth_name(self) -> str:
+        return self.weights.path.name
 
     def _from_checkpoint(self, spec: GroupSpec, packed: torch.Tensor) -> ReadPlan | None:
         if spec.index not in self._verbatim or self._checkpoint is None:
