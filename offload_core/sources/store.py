@@ -118,7 +118,8 @@ class GroupStore:
                 raise DiskPathError(
                     "disk_path",
                     f"the disk filled up while writing {path.name} ({e.strerror}); nothing was "
-                    "lost and the model is resident again; free space or choose another disk_path",
+                    "lost: the model is as it was before the layout (in RAM, or still in its "
+                    "checkpoint file); free space or choose another disk_path",
                 ) from None
             raise
         self.written.append(path)
