@@ -156,6 +156,18 @@ def read_into(f: io.FileIO, entry: StoredTensor, out: torch.Tensor) -> None:
         got += n
 
 
+def pread_stored(fd: int, entry: StoredTensor, out: memoryview, name: str) -> None:
+    """Reads an entry's bytes into ``out`` (at least entry.nbytes long) with ``os.preadv``:
+    no shared file position, so threads can share ``fd``. HeaderError when the file ends
+    first (``name`` says which file)."""
+    got = 0
+    while got < entry.nbytes:
+        n = os.preadv(fd, [out[got : entry.nbytes]], entry.start + got)
+        if n == 0:
+            raise HeaderError(f"{name}: ended inside tensor {entry.key!r}")
+        got += n
+
+
 def read_new(f: io.FileIO, entry: StoredTensor) -> torch.Tensor:
     """Reads an entry into a new tensor of its own (allocator-aligned, as a loaded weight is)."""
     out = torch.empty(entry.nbytes, dtype=torch.uint8)

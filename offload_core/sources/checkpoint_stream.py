@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..formats.safetensors import Header, HeaderError, StoredTensor, read_header
+from ..formats.safetensors import Header, HeaderError, StoredTensor, pread_stored, read_header
 from ..model.grouping import GroupSpec
 from ..model.layout import Entry
 from .reads import CHUNK, Chunk, ReadPlan, bytes_view, open_plan
@@ -176,16 +176,14 @@ class CheckpointWeights:
             self._fd = -1
 
     def _read(self, st: StoredTensor, out: memoryview) -> None:
-        got = 0
-        while got < st.nbytes:
-            n = os.preadv(self._fd, [out[got:]], st.start + got)
-            if n == 0:
-                raise ConfigError(
-                    self.setting,
-                    f"{self.path.name} ended inside {st.key!r} (it was truncated or replaced "
-                    "while loading); choose a complete file",
-                )
-            got += n
+        try:
+            pread_stored(self._fd, st, out, self.path.name)
+        except HeaderError:
+            raise ConfigError(
+                self.setting,
+                f"{self.path.name} ended inside {st.key!r} (it was truncated or replaced "
+                "while loading); choose a complete file",
+            ) from None
 
     def read_tensor(self, qualname: str, like: torch.Tensor) -> torch.Tensor:
         """A new CPU tensor shaped and typed like ``like``: the stored tensor, cast, converted."""

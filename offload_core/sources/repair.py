@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import WeightsLostError
+from ..formats.safetensors import HeaderError, pread_stored
 from .file_source import FileSource
 from .mapped import MappedSource
 from .reads import ReadPlan, bytes_view
@@ -110,12 +111,10 @@ def refill_from_index(
         for e in spec.entries:
             st = index[prefix + e.qualname]
             raw = torch.empty(st.nbytes, dtype=torch.uint8)
-            view, got = bytes_view(raw), 0
-            while got < st.nbytes:
-                n = os.preadv(fd, [view[got:]], st.start + got)
-                if n == 0:
-                    raise OSError(errno.EIO, f"{path.name} ends inside {st.key}")
-                got += n
+            try:
+                pread_stored(fd, st, bytes_view(raw), path.name)
+            except HeaderError:
+                raise OSError(errno.EIO, f"{path.name} ends inside {st.key}") from None
             e.parts[0].view(buf).copy_(raw.view(st.dtype).view(st.shape))
     finally:
         os.close(fd)
