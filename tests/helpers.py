@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,3 +89,18 @@ def tmpfs(path: Path, size: str, readonly: bool = False) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def flip_byte(path: Path, at_end: int = 1000, keep_mtime: bool = False) -> int:
+    """Flips bit 6 of the byte ``at_end`` bytes before the end of ``path`` (flipping it again
+    puts it back) and returns the byte's old value. ``keep_mtime``: size and mtime look
+    untouched afterwards, only the ctime tells."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(st.st_size - at_end)
+        b = f.read(1)[0]
+        f.seek(st.st_size - at_end)
+        f.write(bytes([b ^ 0x40]))
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return b

@@ -23,7 +23,7 @@ from offload_core import (
     plan_offload,
 )
 from offload_core.sources import disk_folder
-from tests.helpers import make_model, reference, snapshot, state_equal, tmpfs
+from tests.helpers import flip_byte, make_model, reference, snapshot, state_equal, tmpfs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,20 +158,11 @@ def test_corrupted_group_file_is_detected_by_checksum(tmp_path, cpu_read):
     back: the ctime moved, so that read checks the checksums again."""
     model, handle, files, x, ref = _applied_on_disk(tmp_path, cpu_read)
     target = files[2]
-    st = target.stat()
-    with open(target, "r+b") as f:
-        f.seek(st.st_size - 1000)
-        b = f.read(1)
-        f.seek(st.st_size - 1000)
-        f.write(bytes([b[0] ^ 0x40]))
-    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))  # size and mtime look untouched
+    flip_byte(target, keep_mtime=True)  # size and mtime look untouched
     with torch.no_grad(), pytest.raises(CorruptGroupFileError, match="checksum"):
         model(**x)
     # Put the byte back: the model works again, the failed forward left nothing behind.
-    with open(target, "r+b") as f:
-        f.seek(st.st_size - 1000)
-        f.write(b)
-    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    flip_byte(target, keep_mtime=True)
     with torch.no_grad():
         assert torch.equal(model(**x), ref)
     handle.remove()

@@ -21,7 +21,7 @@ from offload_core import (
 from offload_core.sources import placement, reads
 from offload_core.sources.mapped import MappedSource, can_map
 from offload_core.sources.reads import FileIdentity
-from tests.helpers import make_model, reference
+from tests.helpers import flip_byte, make_model, reference
 
 pytestmark = pytest.mark.skipif(not can_map(), reason="mapped groups need Linux madvise")
 
@@ -110,15 +110,6 @@ def test_checksums_first_read_or_every_read(tmp_path, monkeypatch, cpu_read, ver
         assert all(n >= chunks - 2 for n in per_forward)
 
 
-def _flip(path: Path, at_end: int = 1000) -> int:
-    with open(path, "r+b") as f:
-        f.seek(-at_end, os.SEEK_END)
-        b = f.read(1)[0]
-        f.seek(-at_end, os.SEEK_END)
-        f.write(bytes([b ^ 0x40]))
-    return b
-
-
 def test_rot_under_an_unchanged_identity_is_caught_by_every_read(tmp_path):
     """Media that rots without touching the file's metadata: only every_read can see it.
     (Simulated by recording the identity after the flip.)"""
@@ -129,7 +120,7 @@ def test_rot_under_an_unchanged_identity_is_caught_by_every_read(tmp_path):
     with torch.no_grad():
         assert torch.equal(model(**x), ref)
     g = handle._engine.groups[2]
-    _flip(g.source.plan.path)
+    flip_byte(g.source.plan.path)
     g.source.plan.identity = FileIdentity.of(os.stat(g.source.plan.path))
     with torch.no_grad(), pytest.raises(CorruptGroupFileError, match="checksum"):
         model(**x)
@@ -153,7 +144,7 @@ def test_a_write_while_the_group_computes_fails_the_forward(tmp_path):
     def tamper(*args):
         if state["armed"]:
             state["armed"] = False
-            state["byte"] = _flip(target)
+            state["byte"] = flip_byte(target)
 
     hook = g.spec.modules[0][1].register_forward_pre_hook(tamper)
     with torch.no_grad(), pytest.raises(CorruptGroupFileError, match="checksum"):

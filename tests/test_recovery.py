@@ -31,7 +31,7 @@ from offload_core.errors import WeightsLostError
 from offload_core.loader import load_offloaded
 from offload_core.sources import disk_folder
 from offload_core.tools.demo_model import DemoDiT, build_demo_model, demo_inputs
-from tests.helpers import make_model, reference, tmpfs
+from tests.helpers import flip_byte, make_model, reference, tmpfs
 
 PREFIX = "model.diffusion_model."
 
@@ -68,19 +68,9 @@ def _streamed(stored: DemoDiT, tmp_path: Path, cpu_read: str, folder: Path | Non
     return handle, ref, expected, files
 
 
-def _flip(p: Path) -> None:
-    st = p.stat()
-    with open(p, "r+b") as f:
-        f.seek(st.st_size - 1000)
-        b = f.read(1)
-        f.seek(st.st_size - 1000)
-        f.write(bytes([b[0] ^ 0x40]))
-    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))  # size and mtime look untouched
-
-
 FAULTS = {
     "truncated": lambda files: os.truncate(files[2], files[2].stat().st_size - 100),
-    "flipped": lambda files: _flip(files[2]),
+    "flipped": lambda files: flip_byte(files[2], keep_mtime=True),
     "deleted": lambda files: files[2].unlink(),
     "replaced": lambda files: shutil.copyfile(files[1], files[2]),  # same inode, new bytes
     "folder-deleted": lambda files: shutil.rmtree(files[0].parent),
@@ -112,9 +102,12 @@ def test_damage_during_a_forward_is_repaired_by_the_next(stored, tmp_path):  # t
     release-time check), never returning a wrong output; the next one is repaired."""
     handle, ref, expected, files = _streamed(stored, tmp_path, "mapped")
     blocks = handle.model.single_blocks  # type: ignore[union-attr]
-    hook = blocks[0].register_forward_hook(
-        lambda *a: _flip(files[handle._placement.runtimes.index(handle._placement.streamed[-1])])
-    )
+    last = files[handle._placement.runtimes.index(handle._placement.streamed[-1])]
+
+    def damage(*args: object) -> None:  # a forward hook's result would replace the output
+        flip_byte(last, keep_mtime=True)
+
+    hook = blocks[0].register_forward_hook(damage)
     try:
         _run(handle.model, ref)
     except CorruptGroupFileError:

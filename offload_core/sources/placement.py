@@ -158,15 +158,22 @@ class Placement:
         _, index, prefix = self._checkpoint
         return checkpoint_spans(entries, index, prefix) is not None
 
-    def _place(self, spec: GroupSpec, resident: bool, scratch: torch.Tensor | None) -> GroupRuntime:
+    def _slab_for(
+        self, spec: GroupSpec, resident: bool, scratch: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Where the group's bytes are packed: a device buffer (resident), the disk tier's
+        scratch (written to a file next), or the group's own host slab."""
         if resident:
-            buf = self.backend.empty_device(spec.nbytes)
-        elif scratch is not None:
+            return self.backend.empty_device(spec.nbytes)
+        if scratch is not None:
             buf = scratch[: spec.nbytes]
             buf.zero_()  # padding bytes are part of the checksummed data
-        else:
-            pinned = isinstance(self.plan.policy.tier, PinnedRamTier) and self.backend.can_pin
-            buf = self.backend.empty_host(spec.nbytes, pinned=pinned)
+            return buf
+        pinned = isinstance(self.plan.policy.tier, PinnedRamTier) and self.backend.can_pin
+        return self.backend.empty_host(spec.nbytes, pinned=pinned)
+
+    def _place(self, spec: GroupSpec, resident: bool, scratch: torch.Tensor | None) -> GroupRuntime:
+        buf = self._slab_for(spec, resident, scratch)
         for e in spec.entries:
             e.fill(buf, e.current())
         source, forms = self._source_for(spec, buf, resident)

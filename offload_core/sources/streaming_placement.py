@@ -23,7 +23,7 @@ from torch import nn
 from ..model.grouping import GroupSpec
 from ..model.layout import Entry
 from ..model.plan import OffloadPlan
-from ..policy import DiskTier, PinnedRamTier
+from ..policy import DiskTier
 from ..runtime.group import GroupRuntime
 from ..transfer.backend import Backend
 from .checkpoint import Index
@@ -64,14 +64,7 @@ class StreamingPlacement(Placement):
         return all(e.current().device == META and self.weights.verbatim(e) for e in entries)
 
     def _place(self, spec: GroupSpec, resident: bool, scratch: torch.Tensor | None) -> GroupRuntime:
-        if resident:
-            buf = self.backend.empty_device(spec.nbytes)
-        elif scratch is not None:
-            buf = scratch[: spec.nbytes]
-            buf.zero_()  # padding bytes are part of a group file's checksummed data
-        else:
-            pinned = isinstance(self.plan.policy.tier, PinnedRamTier) and self.backend.can_pin
-            buf = self.backend.empty_host(spec.nbytes, pinned=pinned)
+        buf = self._slab_for(spec, resident, scratch)
         if all(e.current().device == META for e in spec.entries):
             self._from_file.add(spec.index)
         if buf.device.type == "cpu":

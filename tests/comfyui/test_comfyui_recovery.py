@@ -21,6 +21,8 @@ import torch
 from ferry_workflows import Client, error_message, ferry, graph
 from test_comfyui_real import latent, live, run_ok
 
+from tests.helpers import flip_byte
+
 _seeds = itertools.count(100)
 
 
@@ -42,19 +44,9 @@ def reference(
     return refs[seed]
 
 
-def _flip(p: Path) -> None:
-    st = p.stat()
-    with open(p, "r+b") as f:
-        f.seek(st.st_size - 1000)
-        b = f.read(1)
-        f.seek(st.st_size - 1000)
-        f.write(bytes([b[0] ^ 0x40]))
-    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
 FAULTS = {
     "truncated": lambda files: os.truncate(files[1], files[1].stat().st_size - 100),
-    "flipped": lambda files: _flip(files[1]),
+    "flipped": lambda files: flip_byte(files[1], keep_mtime=True),
     "folder-deleted": lambda files: shutil.rmtree(files[0].parent),
 }
 NEXT = {
