@@ -15,7 +15,7 @@ from ..offload_core.quant import PRESETS
 from .config import NodeInputError
 from .patcher import ferry_patcher_class
 from .quant_loader import check_preset, load_quantized_diffusion_model
-from .stream_loader import WEIGHT_DTYPES, lazy_diffusion_model
+from .stream_loader import WEIGHT_DTYPES, is_lazy, lazy_diffusion_model
 
 log = logging.getLogger("ferry")
 
@@ -32,7 +32,9 @@ class FerryLoadDiffusionModelQuantized(io.ComfyNode):
             description="Loads a model from models/diffusion_models. With quant_preset none the "
             "weights stay in the file until Ferry Offload Model lays them out group by group, "
             "so models bigger than your RAM run; a preset quantizes the Linear layers with "
-            "torchao as they are read, so the full-precision model is never in RAM.",
+            "torchao as they are read (group by group as Ferry Offload Model lays them out "
+            "when the quantized model would not fit in half the free RAM), so the "
+            "full-precision model is never in RAM.",
             inputs=[
                 io.Combo.Input(
                     "unet_name",
@@ -60,7 +62,9 @@ class FerryLoadDiffusionModelQuantized(io.ComfyNode):
                     "cache",
                     default=True,
                     tooltip="On: keep the quantized weights in models/ferry-cache so the next "
-                    "load reads them instead of quantizing again.",
+                    "load reads them instead of quantizing again (for a quantized model that "
+                    "fits in half the free RAM; a bigger one is quantized group by group as "
+                    "Ferry Offload Model lays it out, without the cache).",
                 ),
             ],
             outputs=[io.Model.Output(tooltip="The (quantized) diffusion model.")],
@@ -92,6 +96,8 @@ class FerryLoadDiffusionModelQuantized(io.ComfyNode):
         model = load_quantized_diffusion_model(
             path, quant_preset, cache, lambda done, total: pbar.update_absolute(done, total)
         )
+        if is_lazy(model.model):  # quantized as it is laid out (or read whole by a plain load)
+            model.__class__ = ferry_patcher_class(type(model))
         return io.NodeOutput(model)
 
 

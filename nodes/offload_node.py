@@ -27,6 +27,7 @@ from .config import (
 )
 from .offload_inputs import advanced_inputs, how_inputs, memory_inputs
 from .patcher import ferry_clone
+from .stream_loader import bytes_to_write
 
 NODE_ID = "FerryOffloadModel"  # stable forever: saved workflows refer to it
 
@@ -158,7 +159,8 @@ def _check_against_model(out: Any, config: FerryConfig, use_panel_settings: bool
     tier = config.policy.tier
     if isinstance(tier, DiskTier):
         try:
-            check_disk_folder(tier.path, plan.offloaded_bytes)
+            written = bytes_to_write(out, plan)
+            check_disk_folder(tier.path, plan.offloaded_bytes if written is None else written)
         except NodeInputError as e:
             if use_panel_settings:
                 raise NodeInputError("use_panel_settings", f"the panel's {e}") from None

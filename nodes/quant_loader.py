@@ -24,8 +24,12 @@ import torch
 
 from ..offload_core import ConfigError
 from ..offload_core.formats.safetensors import read_checkpoint_header
+from ..offload_core.model.layout import module_nbytes
 from ..offload_core.quant import load_quantized, quantize_model, resolve_preset
+from ..offload_core.quant.group_stream import plan_quantized
+from ..offload_core.runtime.memory import fmt_bytes, system_available_ram
 from .config import NodeInputError
+from .stream_loader import lazy_diffusion_model
 
 log = logging.getLogger("ferry")
 Progress = Callable[[int, int], None]
@@ -80,12 +84,7 @@ def _streamed(
         # A network that computes tensors while it is built cannot be built on meta.
         log.info("ferry: cannot build %s on the meta device (%s); using ComfyUI's loader", path, e)
         return None
-    try:
-        resolve_preset(preset, device)
-        quantize_device = None
-    except ConfigError:
-        # A GPU-only preset: quantize each layer on the GPU; the model still waits in RAM.
-        quantize_device = load_device
+    quantize_device = _quantize_device(preset, device)
     try:
         _, report = load_quantized(
             path,
@@ -105,12 +104,56 @@ def _streamed(
     return comfy.model_patcher.ModelPatcher(base, load_device=load_device, offload_device=device)
 
 
+def _quantize_device(preset: str, offload: torch.device) -> torch.device:
+    """Where each Linear is quantized: the offload device, or the GPU for a GPU-only preset
+    (the model still waits in RAM)."""
+    try:
+        resolve_preset(preset, offload)
+        return offload
+    except ConfigError:
+        return mm.get_torch_device()
+
+
+def lazy_quantized(path: str, preset: str, cache: bool) -> Any | None:
+    """The Ferry loader's model with ``preset`` planned on the meta network, quantized group
+    by group as Ferry Offload Model lays it out (or whole by a plain load); None where the
+    cache should serve instead (asked for, and the quantized model fits in half the RAM
+    this process can still take) or the file needs ComfyUI's own loader."""
+    qdev = _quantize_device(preset, mm.unet_offload_device())
+    try:
+        lazy = lazy_diffusion_model(
+            path, "default", lambda dm: plan_quantized(dm, preset, device=qdev)
+        )
+    except ConfigError as e:
+        raise _node_error(e) from None
+    if lazy is None:
+        return None
+    size = module_nbytes(lazy.model.diffusion_model)
+    available = system_available_ram()
+    if cache and size <= available // 2:
+        return None
+    log.info(
+        "ferry: %s quantized with %s is %s, %s of RAM available: quantizing group by group as "
+        "Ferry Offload Model lays it out%s",
+        os.path.basename(path),
+        preset,
+        fmt_bytes(size),
+        fmt_bytes(available),
+        " (the cache is used only for models that fit in half of it)" if cache else "",
+    )
+    return lazy
+
+
 def load_quantized_diffusion_model(path: str, preset: str, cache: bool, progress: Progress) -> Any:
-    """A MODEL (ModelPatcher) for ``path`` with ``preset`` applied to its Linear layers."""
+    """A MODEL (ModelPatcher) for ``path`` with ``preset`` applied to its Linear layers,
+    quantized whole (through the cache) or, when it would not fit, group by group."""
     offload = mm.unet_offload_device()
     check_preset(preset, mm.get_torch_device())
     if preset == "none":
         return comfy.sd.load_diffusion_model(path)
+    lazy = lazy_quantized(path, preset, cache)
+    if lazy is not None:
+        return lazy
     try:
         patcher = _streamed(path, preset, cache, offload, progress)
         if patcher is None:

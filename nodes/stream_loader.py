@@ -16,6 +16,7 @@ None and the caller loads it whole, saying so.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,8 @@ import torch
 from torch import nn
 
 from ..offload_core import ConfigError
-from ..offload_core.sources.checkpoint_stream import CheckpointWeights
+from ..offload_core.quant.group_stream import QuantizedStream
+from ..offload_core.sources.checkpoint_stream import CheckpointWeights, Converter
 from .config import NodeInputError
 
 log = logging.getLogger("ferry")
@@ -44,10 +46,25 @@ DM = "diffusion_model."
 
 @dataclass(frozen=True)
 class LazyCheckpoint:
-    """Where a lazy model's diffusion_model tensors are: ``prefix + name`` in ``path``."""
+    """Where a lazy model's diffusion_model tensors are: ``prefix + name`` in ``path``, and
+    the quantization its chosen Linears get as they are read (None: none)."""
 
     path: str
     prefix: str
+    quant: QuantizedStream | None = None
+
+    def weights(
+        self,
+        dm: nn.Module,
+        convert: Converter | None = None,
+        changed: Callable[[str], bool] | None = None,
+    ) -> CheckpointWeights:
+        """The file as ``dm``'s source: ``convert`` (a LoRA), then the quantization."""
+        if self.quant is not None:
+            convert, changed = self.quant.after(convert, changed)
+        return CheckpointWeights.open(
+            self.path, dm, prefix=self.prefix, setting=WIDGET, convert=convert, changed=changed
+        )
 
 
 def _meta_sd(path: str) -> dict[str, torch.Tensor]:
@@ -75,9 +92,13 @@ def _configured(sd: dict[str, torch.Tensor], dtype: torch.dtype | None) -> Any |
     return config
 
 
-def lazy_diffusion_model(path: str, weight_dtype: str) -> Any | None:
+def lazy_diffusion_model(
+    path: str, weight_dtype: str, quantize: Callable[[nn.Module], QuantizedStream] | None = None
+) -> Any | None:
     """A ModelPatcher whose diffusion model is on meta, its weights left in ``path``; None
-    where ComfyUI's own loader must convert the file (the caller loads it whole)."""
+    where ComfyUI's own loader must convert the file (the caller loads it whole).
+    ``quantize(dm)`` plans a torchao preset on the meta network (``plan_quantized``): its
+    Linears are then quantized group by group as they are read."""
     sd = _meta_sd(path)
     prefix = comfy.model_detection.unet_prefix_from_state_dict(sd)
     stripped = comfy.utils.state_dict_prefix_replace(sd, {prefix: ""}, filter_keys=True)
@@ -94,7 +115,8 @@ def lazy_diffusion_model(path: str, weight_dtype: str) -> Any | None:
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
         log.info("ferry: %s cannot stay in its file (%s); loading it whole", path, e)
         return None
-    base.ferry_checkpoint = LazyCheckpoint(path, prefix)
+    quant = None if quantize is None else quantize(base.diffusion_model)
+    base.ferry_checkpoint = LazyCheckpoint(path, prefix, quant)
     return comfy.model_patcher.ModelPatcher(
         base, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device()
     )
@@ -113,8 +135,7 @@ def materialize(base: Any, device: torch.device) -> None:
     lazy: LazyCheckpoint = base.ferry_checkpoint
     dm: nn.Module = base.diffusion_model
     log.info("ferry: reading %s whole (no Ferry Offload Model after the loader)", lazy.path)
-    weights = CheckpointWeights.open(lazy.path, dm, prefix=lazy.prefix, setting=WIDGET)
-    weights.materialize(dm, device)
+    lazy.weights(dm).materialize(dm, device)
 
 
 def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights | None:
@@ -140,11 +161,22 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
         out = comfy.float.stochastic_rounding(out, weight.dtype, seed=seed)
         return out.to("cpu")
 
-    return CheckpointWeights.open(
-        lazy.path,
-        base.diffusion_model,
-        prefix=lazy.prefix,
-        setting=WIDGET,
-        convert=convert,
-        changed=lambda name: DM + name in patches,
+    return lazy.weights(base.diffusion_model, convert, lambda name: DM + name in patches)
+
+
+def bytes_to_write(patcher: Any, plan: Any) -> int | None:
+    """What a disk layout of the Ferry loader's model writes to Ferry's folder with the
+    patches it has now: its streamed groups that are not read verbatim from the checkpoint
+    (a dtype change, a LoRA, a preset); None for any other model (every streamed group)."""
+    base = patcher.model
+    if not is_lazy(base):
+        return None
+    lazy: LazyCheckpoint = base.ferry_checkpoint
+    patches = patcher.patches
+    weights = lazy.weights(base.diffusion_model, None, lambda name: DM + name in patches)
+    return sum(
+        spec.nbytes
+        for spec, gp in zip(plan.grouping.groups, plan.groups)
+        if not gp.resident
+        and not all(e.current().device.type == "meta" and weights.verbatim(e) for e in spec.entries)
     )

@@ -11,6 +11,7 @@ from torch import nn
 from . import registry
 from .model.plan import OffloadPlan, plan_offload
 from .policy import DiskTier, OffloadPolicy
+from .quant.report import QuantReport
 from .runtime.engine import Engine
 from .runtime.memory import device_memory, release_freed_memory
 from .runtime.stats import Counters, OffloadStats, gbps
@@ -43,6 +44,8 @@ class OffloadHandle:
         self._counters = counters
         self._lock = threading.Lock()
         self.removed = False
+        #: What ``load_offloaded(quantize=...)`` quantized, per layer (None: nothing).
+        self.quant_report: QuantReport | None = None
 
     def stats(self) -> OffloadStats:
         c = self._counters

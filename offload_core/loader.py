@@ -8,7 +8,7 @@ RAM ≈ the tensors outside the groups + the streaming window, whatever the mode
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -16,7 +16,10 @@ from torch import nn
 from .api import OffloadHandle, apply_offload
 from .errors import ConfigError
 from .policy import OffloadPolicy
+from .quant.group_stream import plan_quantized
 from .quant.model_tensors import build_meta_model
+from .quant.presets import Preset
+from .quant.selection import SkipRules
 from .sources.checkpoint_stream import CheckpointWeights, Converter
 from .sources.placement import Progress
 
@@ -32,6 +35,9 @@ def load_offloaded(
     progress: Progress | None = None,
     convert: Converter | None = None,
     converts: Callable[[str], bool] | None = None,
+    quantize: str | Preset | None = None,
+    skip: SkipRules | Sequence[str] | str | None = None,
+    quantize_device: str | torch.device = "cpu",
 ) -> OffloadHandle:
     """Builds the model on the meta device and offloads it by ``policy`` straight from the
     safetensors ``checkpoint``; the model is ``handle.model``.
@@ -46,20 +52,25 @@ def load_offloaded(
     build: ``build(device) -> nn.Module`` (called under the meta device; buffers that are not
         saved in checkpoints must be created on the CPU) or a model already built on meta.
     prefix: the model's keys' prefix in the file (e.g. ``model.diffusion_model.``).
+    quantize: a torchao preset, applied group by group as groups are filled (after
+        ``convert``; see quant/group_stream.py); ``skip`` and ``quantize_device`` as in
+        ``load_quantized``, whose bytes it equals. Its report is ``handle.quant_report``.
     """
     if progress is not None and not callable(progress):
         raise ConfigError("progress", "must be a callable progress(done, total) or None")
     if convert is not None and converts is None:
         raise ConfigError("converts", "say which tensors convert changes: converts(name) -> bool")
     model = build_meta_model(build)
+    quantized = None
+    if quantize is not None and quantize != "none":
+        # Before the file is opened: a bad preset or skip list is refused first.
+        quantized = plan_quantized(model, quantize, skip=skip, device=quantize_device)
+        convert, converts = quantized.after(convert, converts)
     weights = CheckpointWeights.open(
         checkpoint, model, prefix=prefix, convert=convert, changed=converts
     )
-    return apply_offload(
-        model,
-        policy,
-        onload_device=onload_device,
-        name=name,
-        progress=progress,
-        weights=weights,
+    handle = apply_offload(
+        model, policy, onload_device=onload_device, name=name, progress=progress, weights=weights
     )
+    handle.quant_report = None if quantized is None else quantized.report
+    return handle

@@ -1,6 +1,7 @@
 """The processes of test_stream_memory: write a checkpoint, run it resident, run it through
 load_offloaded (the last one inside a memory cgroup). ``python stream_memory_worker.py MODE
-ARCH CHECKPOINT OUT [DISK]``; results go to OUT (a .pt with the output and a .json)."""
+ARCH CHECKPOINT OUT [DISK [PRESET]]``; results go to OUT (a .pt with the output and a .json).
+MODE ``quantized`` is load_quantized's resident model (the reference for a PRESET)."""
 
 from __future__ import annotations
 
@@ -41,22 +42,34 @@ class Encoder(nn.Module):
         return self.head(x)
 
 
+#: dit-q, quantized to int8 as it streams: 0.8 G weights, so the quantized model alone
+#: (0.8 GB) is more than the test's limit; only a group-by-group quantization fits.
+QUANT_GB = 1.6
+
+
 def build(arch: str) -> nn.Module:
-    """The network in float32 (the file may be narrower: the loader casts)."""
+    """The network in float32 (the file may be narrower: the loader casts); dit-q in bfloat16."""
     if arch == "dit":
         dim, n_double, n_single = _shape_for(FILE_GB, torch.float32)
         return DemoDiT(dim, max(dim // 64, 1), n_double, n_single).eval().requires_grad_(False)
+    if arch == "dit-q":
+        dim, n_double, n_single = _shape_for(QUANT_GB, torch.bfloat16)
+        dit = DemoDiT(dim, max(dim // 64, 1), n_double, n_single).to(torch.bfloat16)
+        return dit.eval().requires_grad_(False)
     dim = 1024
     layers = round(FILE_GB * GB / 2 / (12 * dim * dim))  # stored as bfloat16
     return Encoder(dim, layers).eval().requires_grad_(False)
 
 
-FILE_DTYPE = {"dit": torch.float32, "encoder": torch.bfloat16}
+FILE_DTYPE = {"dit": torch.float32, "dit-q": torch.bfloat16, "encoder": torch.bfloat16}
 
 
 def inputs(arch: str, model: nn.Module) -> dict[str, torch.Tensor]:
     if arch == "dit":
         return demo_inputs(model, tokens=64)  # type: ignore[arg-type]
+    if arch == "dit-q":
+        x = demo_inputs(model, tokens=64)  # type: ignore[arg-type]
+        return {k: v.to(torch.bfloat16) for k, v in x.items()}
     gen = torch.Generator().manual_seed(0)
     return {"tokens": torch.randint(0, 1000, (1, 64), generator=gen)}
 
@@ -87,10 +100,22 @@ def resident(arch: str, path: str) -> tuple[torch.Tensor, dict[str, float]]:
         return model(**inputs(arch, model)), {}
 
 
-def ferry(arch: str, path: str, disk: str) -> tuple[torch.Tensor, dict[str, float]]:
+def quantized(arch: str, path: str, preset: str) -> tuple[torch.Tensor, dict[str, float]]:
+    from offload_core.quant import load_quantized
+
+    model, _ = load_quantized(path, lambda dev: build(arch), preset)
+    with torch.no_grad():
+        return model(**inputs(arch, model)), {}
+
+
+def ferry(
+    arch: str, path: str, disk: str, preset: str | None
+) -> tuple[torch.Tensor, dict[str, float]]:
     sampler = PeakRssSampler().start()
     policy = OffloadPolicy(level=BlockLevel(1), tier=DiskTier(disk), prefetch_depth=1)
-    handle = load_offloaded(path, lambda dev: build(arch), policy, onload_device="cpu")
+    handle = load_offloaded(
+        path, lambda dev: build(arch), policy, onload_device="cpu", quantize=preset
+    )
     model = handle.model
     with torch.no_grad():
         out = model(**inputs(arch, model))
@@ -107,6 +132,12 @@ def ferry(arch: str, path: str, disk: str) -> tuple[torch.Tensor, dict[str, floa
         "file_bytes": read_header(path).file_size,
         "group_files_written": written,
         "groups": len(plan.groups),
+        # A weight-only int8 matmul dequantizes one weight to the model's dtype at a time.
+        "largest_weight": max(
+            m.weight.numel() * m.weight.element_size()
+            for m in model.modules()
+            if isinstance(m, nn.Linear)
+        ),
     }
     handle.remove()
     return out, info
@@ -119,8 +150,10 @@ def main() -> None:
         return
     if mode == "resident":
         y, info = resident(arch, path)
+    elif mode == "quantized":
+        y, info = quantized(arch, path, sys.argv[5])
     else:
-        y, info = ferry(arch, path, sys.argv[5])
+        y, info = ferry(arch, path, sys.argv[5], sys.argv[6] if len(sys.argv) > 6 else None)
     torch.save(y, out + ".pt")
     with open(out + ".json", "w") as f:
         json.dump(info, f)

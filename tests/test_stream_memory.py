@@ -79,3 +79,43 @@ def test_the_resident_load_is_killed_inside_the_same_limit(checkpoint) -> None: 
         _worker("resident", arch, str(path), str(d / "killed")), LIMIT, env=_env()
     )
     assert run.killed, f"{arch}: the resident load survived {LIMIT} bytes (rc {run.returncode})"
+
+
+#: torchao's import (measured: 80 MB of RssAnon) on top of the 300 MB above.
+TORCHAO = 100 * MB
+
+
+@pytest.fixture(scope="module")
+def quant_checkpoint(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    pytest.importorskip("torchao")
+    d = tmp_path_factory.mktemp("stream-quant")
+    path = d / "model.safetensors"
+    subprocess.run(_worker("write", "dit-q", str(path), ""), check=True, env=_env(), timeout=600)
+    ref = _worker("quantized", "dit-q", str(path), str(d / "quantized"), "int8-weight")
+    subprocess.run(ref, check=True, env=_env(), timeout=600)
+    yield path, d
+    path.unlink()
+
+
+def test_quantizes_group_by_group_inside_a_limit_the_quantized_model_exceeds(
+    quant_checkpoint,
+) -> None:  # type: ignore[no-untyped-def]
+    path, d = quant_checkpoint
+    args = ("ferry", "dit-q", str(path), str(d / "ferry"), str(d / "disk"), "int8-weight")
+    run = cgroup_limit.run_limited(_worker(*args), LIMIT, env=_env())
+    assert run.returncode == 0, f"rc {run.returncode}\n{run.stderr[-3000:]}"
+    assert run.max_usage <= LIMIT
+    info = json.loads((d / "ferry.json").read_text())
+    assert torch.equal(torch.load(d / "ferry.pt"), torch.load(d / "quantized.pt"))
+    per_group = (info["prefetch_depth"] + 2) * info["largest_group"]
+    bound = info["outside_bytes"] + per_group + 2 * info["largest_weight"] + 300 * MB + TORCHAO
+    print(f"dit-q int8: {json.dumps(info)} bound {bound} cgroup peak {run.max_usage}")
+    assert info["peak_rss_anon"] <= bound, (info, bound)
+    assert info["group_files_written"] == info["groups"]  # every block holds quantized Linears
+
+
+def test_load_quantized_is_killed_inside_the_same_limit(quant_checkpoint) -> None:  # type: ignore[no-untyped-def]
+    path, d = quant_checkpoint
+    args = ("quantized", "dit-q", str(path), str(d / "killed"), "int8-weight")
+    run = cgroup_limit.run_limited(_worker(*args), LIMIT, env=_env())
+    assert run.killed, f"load_quantized survived {LIMIT} bytes (rc {run.returncode})"

@@ -13,7 +13,14 @@ from ..errors import ConfigError
 from .model_tensors import module_slots, place
 from .presets import Preset, resolve_preset
 from .report import LayerReport, QuantReport
-from .selection import DECLINED, SkipRules, choose_layers, is_quantized, module_bytes
+from .selection import (
+    DECLINED,
+    LayerChoice,
+    SkipRules,
+    choose_layers,
+    is_quantized,
+    module_bytes,
+)
 from .trim import release_free_memory
 
 # Rows quantized at a time. torchao's temporaries are 4-8x its input (measured: 288 MB for a
@@ -120,18 +127,34 @@ def quantize_model(
     config = p.make_config() if p.quantizes else None
     report = QuantReport(preset=p.name, device=str(dev))
     for c in choose_layers(model, p, rules):
-        before = module_bytes(c.module)
-        if device is not None:
-            move_direct(c.module, dev)
-        quantized, reason = c.quantize, c.reason
-        if c.quantize:
-            assert isinstance(c.module, nn.Linear)
-            quantize_linear(c.module, config)
-            if not is_quantized(c.module.weight):
-                quantized, reason = False, DECLINED
-        name, kind = c.name, type(c.module).__name__
-        report.layers.append(
-            LayerReport(name, kind, quantized, reason, before, module_bytes(c.module))
-        )
+        report.layers.append(quantize_choice(c, config, dev if device is not None else None))
     report.seconds = time.perf_counter() - start
     return report
+
+
+def quantize_choice(c: LayerChoice, config: Any, device: torch.device | None) -> LayerReport:
+    """Quantizes one chosen layer in place (moved to ``device`` first, if given) and says
+    what was done. On the meta device this quantizes shapes only: torchao builds the same
+    wrapper with meta inner tensors, which is how a streamed layout plans quantized groups."""
+    before = module_bytes(c.module)
+    if device is not None:
+        move_direct(c.module, device)
+    quantized, reason = c.quantize, c.reason
+    if c.quantize:
+        assert isinstance(c.module, nn.Linear)
+        quantize_linear(c.module, config)
+        if not is_quantized(c.module.weight):
+            quantized, reason = False, DECLINED
+    kind = type(c.module).__name__
+    return LayerReport(c.name, kind, quantized, reason, before, module_bytes(c.module))
+
+
+def quantize_weight(weight: torch.Tensor, config: Any) -> torch.Tensor:
+    """A Linear weight quantized where it is, exactly as ``quantize_linear`` quantizes it in
+    its module (the bias takes no part), or the weight itself where torchao declines it."""
+    with torch.device("meta"):
+        holder = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    holder.weight = nn.Parameter(weight, requires_grad=False)
+    quantize_linear(holder, config)
+    holder.__dict__.pop("extra_repr", None)  # torchao's bound method: a reference cycle
+    return holder.weight

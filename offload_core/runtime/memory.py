@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from .cgroup_memory import cgroup_available
+
 
 @dataclass(frozen=True)
 class ProcessMemory:
@@ -53,9 +55,13 @@ def process_memory() -> ProcessMemory:
 
 
 def system_available_ram() -> int:
+    """What the system could give this process now: psutil's "available", or less where
+    the process's memory cgroup (a container) has less left (runtime/cgroup_memory.py)."""
     import psutil
 
-    return int(psutil.virtual_memory().available)
+    host = int(psutil.virtual_memory().available)
+    limited = cgroup_available()
+    return host if limited is None else min(host, limited)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..errors import ConfigError
 from ..formats.safetensors import Header, HeaderError, StoredTensor, pread_stored, read_header
@@ -192,6 +193,8 @@ class CheckpointWeights:
         raw = torch.empty(st.nbytes, dtype=torch.uint8)
         self._read(st, bytes_view(raw))
         stored = raw.view(st.dtype).view(st.shape)
+        if is_traceable_wrapper_subclass(like):  # planned quantized: converted below
+            like = torch.empty(like.shape, dtype=like.dtype, device="meta")
         out = stored if st.dtype == like.dtype else torch.empty_like(like, device="cpu")
         if out is not stored:
             out.copy_(stored)  # load_state_dict's cast: bit-equal to ComfyUI's loaders
@@ -209,8 +212,13 @@ class CheckpointWeights:
         if st is not None and self.verbatim(entry):
             self._read(st, bytes_view(buf[part.offset : part.offset + part.nbytes]))
             return True
-        meta = torch.empty_strided(part.size, part.stride, dtype=part.dtype, device="meta")
-        part.view(buf).copy_(self.read_tensor(entry.qualname, meta))
+        if entry.subclass is None:
+            like = torch.empty_strided(part.size, part.stride, dtype=part.dtype, device="meta")
+        else:  # quantized as it streams: the plan's outer tensor
+            like = torch.empty(entry.outer_size, dtype=entry.current().dtype, device="meta")
+        value = self.read_tensor(entry.qualname, like)
+        _check_layout(entry, value, self.setting)
+        entry.fill(buf, value)
         return False
 
     def fill_group(self, spec: GroupSpec, buf: torch.Tensor) -> bool:
@@ -222,11 +230,42 @@ class CheckpointWeights:
             if current.device.type != "meta":
                 e.fill(buf, current)
                 verbatim = False
-            elif e.subclass is not None:
+            elif e.subclass is not None and not self.changed(e.qualname):
                 raise ConfigError(self.setting, f"{e.qualname} is a tensor subclass on meta")
             else:
                 verbatim = self.fill_entry(e, buf) and verbatim
         return verbatim
+
+
+def _check_layout(entry: Entry, value: torch.Tensor, setting: str) -> None:
+    """``value`` has the layout the plan gave ``entry`` (the same subclass, inner tensors,
+    shapes, dtypes and ctx): a conversion that changed it would be copied into the wrong
+    bytes, so it is refused instead."""
+    same = (
+        type(value) is entry.subclass
+        if entry.subclass is not None
+        else not (is_traceable_wrapper_subclass(value))
+    )
+    if same and entry.subclass is not None:
+        names, ctx = value.__tensor_flatten__()  # type: ignore[attr-defined]
+        same = tuple(names) == entry.inner_names and _equal_ctx(ctx, entry.ctx)
+    inner = entry.inner_tensors(value) if same else []
+    same = same and all(
+        tuple(t.shape) == p.size and t.dtype == p.dtype for t, p in zip(inner, entry.parts)
+    )
+    if not same:
+        raise ConfigError(
+            setting,
+            f"{entry.qualname}: converting it gave a {type(value).__name__} laid out unlike "
+            "the plan (a quantization that declined this weight?); skip this layer",
+        )
+
+
+def _equal_ctx(a: object, b: object) -> bool:
+    try:
+        return bool(a == b)
+    except (RuntimeError, TypeError, ValueError):  # a ctx holding tensors: compare by repr
+        return repr(a) == repr(b)
 
 
 def plan_from_read(

@@ -25,6 +25,7 @@ from ..model.layout import Entry
 from ..model.plan import OffloadPlan
 from ..policy import DiskTier
 from ..runtime.group import GroupRuntime
+from ..runtime.memory import trim_heap
 from ..transfer.backend import Backend
 from .checkpoint import Index
 from .checkpoint_stream import CheckpointWeights, plan_from_read
@@ -75,6 +76,10 @@ class StreamingPlacement(Placement):
             buf.copy_(host)
         if verbatim:
             self._verbatim.add(spec.index)
+        else:
+            # A conversion's temporaries (a cast copy, torchao's 4-8x per slice) are freed
+            # below glibc's mmap threshold: hand their pages back before the next group.
+            trim_heap()
         for e in spec.entries:
             e.orig_device = META  # where remove() puts it back (see the module's docstring)
         source, forms = self._source_for(spec, buf, resident)

@@ -1,7 +1,9 @@
 """Models bigger than RAM in real ComfyUI (issue 11), under a cgroup memory limit of less
 than half the model file: Ferry's loader -> Ferry Offload Model (disk) -> KSampler completes
 inside the limit with a latent bit-equal to UNETLoader -> KSampler run without a limit
-(weight_dtype default and fp8_e4m3fn, and with a LoRA after the Ferry node); the same graph
+(weight_dtype default and fp8_e4m3fn, and with a LoRA after the Ferry node); with the
+int8-weight preset, quantized group by group as Ferry lays it out, bit-equal to the same
+preset quantized whole by the cache path (Ferry loader -> KSampler, no limit); the same graph
 without Ferry inside the limit is killed."""
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ MB = 1 << 20
 LIMIT = 750 * MB
 DEPTH = 14  # hidden 896: a 1.59 GB float32 file, more than twice the limit
 HERE = Path(__file__).resolve().parent
-CASES = {
-    "default": ("default", False),
-    "fp8_e4m3fn": ("fp8_e4m3fn", False),
-    "lora": ("default", True),
+CASES = {  # weight_dtype, a LoRA after the Ferry node, quant_preset
+    "default": ("default", False, "none"),
+    "fp8_e4m3fn": ("fp8_e4m3fn", False, "none"),
+    "lora": ("default", True, "none"),
+    "int8-weight": ("default", False, "int8-weight"),
 }
 
 pytestmark = pytest.mark.skipif(
@@ -42,12 +45,17 @@ def _lora() -> tuple[str, dict[str, Any]]:
 
 
 def _graph(case: str, with_ferry: bool) -> dict[str, Any]:
-    dtype, with_lora = CASES[case]
+    dtype, with_lora, preset = CASES[case]
     chain = [_lora()] if with_lora else []
+    if not with_ferry and preset != "none":
+        # The reference: the preset quantized whole by load_quantized (the cache path, which
+        # a model that fits in RAM takes), no Ferry Offload Model, no limit.
+        inputs = {"unet_name": MODEL_FILE, "quant_preset": preset, "cache": True}
+        return graph(chain, f"plain-{case}", loader=("FerryLoadDiffusionModelQuantized", inputs))
     if not with_ferry:
         loader = ("UNETLoader", {"unet_name": MODEL_FILE, "weight_dtype": dtype})
         return graph(chain, f"plain-{case}", loader=loader)
-    inputs = {"unet_name": MODEL_FILE, "quant_preset": "none", "cache": False}
+    inputs = {"unet_name": MODEL_FILE, "quant_preset": preset, "cache": True}
     loader = ("FerryLoadDiffusionModelQuantized", {**inputs, "weight_dtype": dtype})
     return graph([ferry(tier="disk"), *chain], f"ferry-{case}", loader=loader)
 
@@ -139,6 +147,8 @@ def test_ferry_loader_runs_the_model_inside_the_limit(case: str, limited: Any, r
     print(f"{case}: peak RssAnon {peak / MB:.0f} MB, cgroup peak {group.max_usage / MB:.0f} MB")
     assert srv.proc.poll() is None
     assert torch.equal(latent, references[case])
+    if CASES[case][2] != "none":  # the path the loader took, as its log says
+        assert "quantizing group by group" in srv.log.read_text(errors="replace")
     _free(srv)
 
 
