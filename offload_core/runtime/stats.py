@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,7 +18,12 @@ class Counters:
     bytes_h2d: int = 0  # host -> onload device copies
     bytes_disk: int = 0  # read from files (group files or the source checkpoint)
     h2d_s: float = 0.0  # time the copies took (device timing where the device tells)
-    disk_s: float = 0.0  # time the reads took, summed over reader threads
+    #: Wall time during which at least one read was in flight: reads of several groups
+    #: overlap on their threads and count once, so bytes_disk / disk_s is the rate the disk
+    #: delivered (a sum over threads would halve it with two groups in flight).
+    disk_s: float = 0.0
+    reads_in_flight: int = 0
+    reading_since: float = 0.0
     stall_s: float = 0.0  # time compute could not proceed because a group was not there
     on_demand_loads: int = 0  # loads the prefetcher did not predict
     #: Peaks of RssAnon/RssFile/RssShmem, sampled at apply and at every forward's end.
@@ -32,6 +38,20 @@ class Counters:
         with self.lock:
             for k, v in now.items():
                 self.peak_rss[k] = max(self.peak_rss[k], v)
+
+    def read_started(self) -> None:
+        with self.lock:
+            if self.reads_in_flight == 0:
+                self.reading_since = time.perf_counter()
+            self.reads_in_flight += 1
+
+    def read_finished(self, nbytes: int) -> None:
+        """After ``read_started``, whether the read succeeded (``nbytes``) or failed (0)."""
+        with self.lock:
+            self.reads_in_flight -= 1
+            self.bytes_disk += nbytes
+            if self.reads_in_flight == 0:
+                self.disk_s += time.perf_counter() - self.reading_since
 
     def add(self, **kw: float) -> None:
         with self.lock:

@@ -156,24 +156,32 @@ class Transfers:
     def read(self, plan: ReadPlan, buf: torch.Tensor) -> None:
         """Every chunk of ``plan`` into ``buf`` on the reader threads, checked as
         [Note: what is checked when] (sources/reads.py) says."""
-        t0 = time.perf_counter()
-        changed = check_identity(plan)
-        verify = plan.needs_checksums(changed)
-        parts = plan.chunks if verify else plan.runs  # checked: per chunk, CRCs in parallel
-        if len(parts) == 1:
-            read_chunk(plan, parts[0], buf, verify)  # one request: no hop to another thread
-        else:
-            futures = [self._chunks().submit(read_chunk, plan, c, buf, verify) for c in parts]
-            wait(futures)
-            for f in futures:
-                f.result()  # re-raises a truncated or corrupt chunk
-        plan.accept(changed)
-        self.counters.add(bytes_disk=plan.nbytes, disk_s=time.perf_counter() - t0)
+        self.counters.read_started()
+        done = 0
+        try:
+            changed = check_identity(plan)
+            verify = plan.needs_checksums(changed)
+            parts = plan.chunks if verify else plan.runs  # checked: per chunk, CRCs in parallel
+            if len(parts) == 1:
+                read_chunk(plan, parts[0], buf, verify)  # one request: no hop to another thread
+            else:
+                futures = [self._chunks().submit(read_chunk, plan, c, buf, verify) for c in parts]
+                wait(futures)
+                for f in futures:
+                    f.result()  # re-raises a truncated or corrupt chunk
+            plan.accept(changed)
+            done = plan.nbytes
+        finally:
+            self.counters.read_finished(done)
 
     def _timed_read(self, nbytes: int, read: Callable[[], None]) -> None:
-        t0 = time.perf_counter()
-        read()
-        self.counters.add(bytes_disk=nbytes, disk_s=time.perf_counter() - t0)
+        self.counters.read_started()
+        done = 0
+        try:
+            read()
+            done = nbytes
+        finally:
+            self.counters.read_finished(done)
 
     # -- device timings -----------------------------------------------------------------------
     def _timed(self, kind: str, pair: tuple[Any, Any]) -> None:
