@@ -24,7 +24,7 @@ import comfy.utils
 import torch
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ..offload_core import ConfigError, FerryError
+from ..offload_core import ApiUseError, ConfigError, FerryError
 from ..offload_core.model.layout import module_nbytes
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
 from .binding import OffloadBinding
@@ -32,7 +32,7 @@ from .config import FerryConfig, NodeInputError, as_node_error
 from .dynamic import plain_patcher
 from .pusher import ensure_pushing
 from .recovery import KEY as RECOVERY_KEY
-from .recovery import ModelReloadError, guard, has_meta, in_prompt, refuse_lost
+from .recovery import ModelReloadError, for_node, guard, has_meta, in_prompt, refuse_lost
 from .stream_loader import is_lazy, materialize, stream_weights
 
 log = logging.getLogger("ferry")
@@ -197,6 +197,8 @@ class FerryPatcherMixin:
                 )
             except ConfigError as e:
                 raise as_node_error(e) from None
+            except ApiUseError as e:  # unreachable by design (binding.py); in ComfyUI's words
+                raise for_node(e) from None
             outside = 0
             for m in self._ferry_outside_modules():
                 m.to(device)

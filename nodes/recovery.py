@@ -20,7 +20,13 @@ from typing import Any
 
 import torch
 
-from ..offload_core import CorruptGroupFileError, FerryError
+from ..offload_core import (
+    AlreadyOffloadedError,
+    ApiUseError,
+    CorruptGroupFileError,
+    FerryError,
+    InferenceOnlyError,
+)
 
 ATTR = "ferry_binding"  # binding.py's attribute on the shared BaseModel (imports this file)
 
@@ -104,6 +110,30 @@ def guard(executor: Any, *args: Any, **kwargs: Any) -> Any:
         raise drop_and_reload(_binding(executor), e) from e
     except OSError as e:  # a read failed (EIO, a vanished network disk): nothing was used
         raise ModelReloadError(read_failed(_binding(executor), e)) from e
+    except ApiUseError as e:
+        raise for_node(e) from e
+
+
+def for_node(err: ApiUseError) -> FerryError:
+    """An offload_core error about the Python API's use (its message may name a Python
+    call; see offload_core/errors.py), in ComfyUI's words."""
+    if isinstance(err, InferenceOnlyError):
+        return FerryError(
+            "Ferry Offload Model streams weights for inference only, and a node after it ran "
+            "the model with gradients on (training): bypass the Ferry Offload Model node for "
+            "that graph"
+        )
+    then = (
+        "ComfyUI loads the model again from its file before the next prompt (no restart)"
+        if request_reload()
+        else "load the model again"
+    )
+    what = (
+        "the model still had a Ferry layout Ferry Offload Model did not make"
+        if isinstance(err, AlreadyOffloadedError)
+        else "the model's Ferry layout was removed while the prompt used it"
+    )
+    return ModelReloadError(f"Ferry Offload Model: {what}; {then}.")
 
 
 def _binding(executor: Any) -> Any:

@@ -14,11 +14,13 @@ Importing this package starts no thread, opens no file and does not initialise C
 from .api import OffloadHandle, apply_offload, find_offload
 from .errors import (
     AlreadyOffloadedError,
+    ApiUseError,
     ConfigError,
     CorruptGroupFileError,
     DiskPathError,
     FerryError,
     GroupingError,
+    InferenceOnlyError,
     OffloadRemovedError,
 )
 from .loader import load_offloaded
@@ -45,6 +47,7 @@ from .sources.checkpoint_stream import CheckpointWeights
 
 __all__ = [
     "AlreadyOffloadedError",
+    "ApiUseError",
     "BlockLevel",
     "CheckpointWeights",
     "ConfigError",
@@ -54,6 +57,7 @@ __all__ = [
     "DiskTier",
     "FerryError",
     "GroupingError",
+    "InferenceOnlyError",
     "LeafLevel",
     "OffloadHandle",
     "OffloadPlan",

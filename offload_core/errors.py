@@ -1,4 +1,12 @@
-"""Errors Ferry raises. Each message names the setting a user changes to fix it."""
+"""Errors Ferry raises. Each message names the setting a user changes to fix it.
+
+offload_core is a Python API and the engine under ComfyUI's nodes and the panel, so its
+messages name settings, files and folders, never a Python call, with one exception:
+``ApiUseError`` and its subclasses, which report a misuse of the Python API itself (applying
+twice, autograd on); their messages may say which call fixes it. Nodes never show those as
+they are: nodes/recovery.py (``for_node``) says what to do in ComfyUI instead.
+tests/test_messages.py holds both sides to this.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +31,12 @@ class DiskPathError(ConfigError):
     """The disk tier's folder cannot be used (missing, a file, read-only, too small)."""
 
 
-class AlreadyOffloadedError(FerryError):
+class ApiUseError(FerryError):
+    """The Python API was used in a way it does not support; the message may name the call
+    that fixes it (see the module's docstring)."""
+
+
+class AlreadyOffloadedError(ApiUseError):
     """apply_offload was called on a model that already has Ferry's offload."""
 
 
@@ -31,7 +44,12 @@ class CorruptGroupFileError(FerryError):
     """A group file on disk is truncated, changed or corrupted; its bytes are not used."""
 
 
-class OffloadRemovedError(FerryError):
+class InferenceOnlyError(ApiUseError):
+    """A forward ran with autograd on over parameters that require grad: Ferry's offload is
+    for inference."""
+
+
+class OffloadRemovedError(ApiUseError):
     """The offload handle was removed; the model is resident again."""
 
 

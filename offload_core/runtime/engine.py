@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CorruptGroupFileError, FerryError
+from ..errors import CorruptGroupFileError, InferenceOnlyError
 from ..transfer.backend import Backend
 from ..transfer.buffers import Slot
 from ..transfer.copies import Transfers
@@ -114,7 +114,7 @@ class Engine:
         if g is self.current:
             return
         if torch.is_grad_enabled() and g.requires_grad:
-            raise FerryError(
+            raise InferenceOnlyError(
                 f"group {g.name} has parameters that require grad and autograd is on: Ferry's "
                 "offload is for inference. Run the model under torch.no_grad() or "
                 "torch.inference_mode(), or call model.requires_grad_(False)"

@@ -72,7 +72,7 @@ class Schedule:
     # -- transitions ----------------------------------------------------------------------
     def begin_forward(self) -> list[Planned]:
         """A forward starts (the engine aborted any unfinished one first)."""
-        assert self.phase is Phase.IDLE, "abort() an unfinished forward first"
+        assert self.phase is Phase.IDLE, "a forward began while the previous one was unfinished"
         self.phase = Phase.IN_FORWARD
         self.observed = []
         if self.window:

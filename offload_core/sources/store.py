@@ -117,7 +117,8 @@ class GroupStore:
             if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                 raise DiskPathError(
                     "disk_path",
-                    f"the disk filled up while writing {path.name} ({e.strerror}); nothing was "
+                    f"the disk filled up while writing {path.name} in {self.folder} "
+                    f"({e.strerror}); nothing was "
                     "lost: the model is as it was before the layout (in RAM, or still in its "
                     "checkpoint file); free space or choose another disk_path",
                 ) from None

@@ -2,9 +2,31 @@
 
 ComfyUI core has no node that makes CONDITIONING without a text encoder; this one makes a
 seeded random one shaped for the tiny SD3 model (context 8 tokens x 32, pooled 32).
+
+It also injects the faults of tests/comfyui/test_comfyui_faults.py inside the server process,
+armed over HTTP (``POST /ferry_test/arm`` {"fault": ..., ...}; ``GET /ferry_test/state`` says
+which fired; ``POST /ferry_test/disarm``). Each acts at the operating-system boundary, where
+the real fault happens, never inside Ferry:
+- "eio": the next ``count`` ``os.preadv`` calls on a file under ``folder`` raise
+  ``OSError(EIO)``. This is exactly what a failing disk gives: the kernel's preadv returns -EIO
+  for a sector it cannot read, and Python raises OSError(errno.EIO) from os.preadv, with no
+  bytes delivered. (A real one needs device-mapper's error target, which this kernel lacks:
+  /dev/mapper/control does not exist.)
+- "fill": once the first group file under ``folder`` is renamed into place (``os.replace``),
+  another writer fills the filesystem: ``ballast`` is allocated with every free byte. The next
+  group file's write then meets the real filesystem's ENOSPC: the disk fills mid-layout.
+- "block": the ``at``-th call of an MMDiT JointBlock (a block Ferry streams) raises
+  RuntimeError once, from inside the block's forward, while Ferry's group is in place.
 """
 
+import errno
+import os
+import threading
+
 import torch
+from aiohttp import web
+from comfy.ldm.modules.diffusionmodules import mmdit
+from server import PromptServer
 
 
 class FerryTestConditioning:
@@ -24,3 +46,101 @@ class FerryTestConditioning:
 
 
 NODE_CLASS_MAPPINGS = {"FerryTestConditioning": FerryTestConditioning}
+
+# -- fault injection -------------------------------------------------------------------------
+_lock = threading.Lock()
+_armed = {}  # fault name -> its parameters
+_fired = {"eio": 0, "fill": 0, "block": 0}
+
+
+def _under(path, folder):
+    return os.path.abspath(path).startswith(os.path.abspath(folder) + os.sep)
+
+
+def _take(fault, match):
+    """Whether the armed ``fault`` fires now (``match(params)``); counts it."""
+    with _lock:
+        p = _armed.get(fault)
+        if p is None or not match(p):
+            return None
+        p["count"] -= 1
+        if p["count"] <= 0:
+            del _armed[fault]
+        _fired[fault] += 1
+        return p
+
+
+_real_preadv = os.preadv
+
+
+def _preadv(fd, buffers, offset, *rest):
+    def on_folder(p):
+        try:
+            return _under(os.readlink(f"/proc/self/fd/{fd}"), p["folder"])
+        except OSError:
+            return False
+
+    if _take("eio", on_folder) is not None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+    return _real_preadv(fd, buffers, offset, *rest)
+
+
+_real_replace = os.replace
+
+
+def _replace(src, dst, *args, **kwargs):
+    _real_replace(src, dst, *args, **kwargs)
+    name = os.path.basename(str(dst))
+    is_group = name.startswith("group-") and name.endswith(".safetensors")
+    p = _take("fill", lambda p: is_group and _under(str(dst), p["folder"]))
+    if p is not None:
+        st = os.statvfs(p["folder"])
+        fd = os.open(p["ballast"], os.O_CREAT | os.O_WRONLY, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize)
+        finally:
+            os.close(fd)
+
+
+_real_block_forward = mmdit.JointBlock.forward
+_block_calls = [0]
+
+
+def _block_forward(self, *args, **kwargs):
+    with _lock:
+        _block_calls[0] += 1
+        n = _block_calls[0]
+    if _take("block", lambda p: n >= p["at"]) is not None:
+        raise RuntimeError("ferry test: a block raised inside its forward")
+    return _real_block_forward(self, *args, **kwargs)
+
+
+os.preadv = _preadv
+os.replace = _replace
+mmdit.JointBlock.forward = _block_forward
+routes = PromptServer.instance.routes
+
+
+@routes.post("/ferry_test/arm")
+async def _arm(request):
+    body = await request.json()
+    fault = body.pop("fault")
+    body.setdefault("count", 1)
+    with _lock:
+        if fault == "block":
+            body["at"] = _block_calls[0] + body.get("at", 1)
+        _armed[fault] = body
+    return web.json_response({"armed": fault})
+
+
+@routes.post("/ferry_test/disarm")
+async def _disarm(request):
+    with _lock:
+        _armed.clear()
+    return web.json_response({})
+
+
+@routes.get("/ferry_test/state")
+async def _state(request):
+    with _lock:
+        return web.json_response({"fired": dict(_fired), "armed": sorted(_armed)})

@@ -22,6 +22,7 @@ def graph(
     *,
     loader: tuple[str, dict[str, Any]] | None = None,
     seed: int = 7,
+    steps: int = 3,
 ) -> dict[str, Any]:
     """Loader -> each (class_type, inputs) of model_chain in turn -> KSampler -> SaveLatent."""
     cls, inputs = loader or ("UNETLoader", {"unet_name": MODEL_FILE, "weight_dtype": "default"})
@@ -41,7 +42,7 @@ def graph(
         "class_type": "KSampler",
         "inputs": {
             "model": prev, "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0],
-            "seed": seed, "steps": 3, "cfg": 2.0, "sampler_name": "euler", "scheduler": "simple",
+            "seed": seed, "steps": steps, "cfg": 2.0, "sampler_name": "euler", "scheduler": "simple",
             "denoise": 1.0,
         },
     }  # fmt: skip
@@ -95,7 +96,10 @@ class Client:
         status, body = self.queue(g)
         if status != 200:
             raise AssertionError(f"prompt rejected ({status}): {json.dumps(body)[:2000]}")
-        pid = body["prompt_id"]
+        return self.wait(body["prompt_id"], timeout)
+
+    def wait(self, pid: str, timeout: float = 300) -> dict[str, Any]:
+        """Waits for prompt ``pid``'s history entry (status 'success' or 'error')."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             hist = self.get(f"/history/{pid}")
