@@ -53,6 +53,9 @@ def run(
     times: dict[str, list[float]] = {n: [] for n in ["resident", *mode_names]}
     raw: list[tuple[float, int]] = []  # the raw cold read of the same files, per round
     in_read: dict[str, list[float]] = {n: [] for n in mode_names}  # GB/s while reading
+    # Per round, as fractions of the forward: the time any read was in flight (the reader
+    # busy), and the time compute waited for a group (stalled).
+    busy: dict[str, list[tuple[float, float]]] = {n: [] for n in mode_names}
     equal: dict[str, bool] = dict.fromkeys(mode_names, True)
     with torch.no_grad():
         ref = models.forward(resident, x)
@@ -70,6 +73,8 @@ def run(
                     disk_s = after["disk_s"] - before["disk_s"]
                     got = after["bytes_disk"] - before["bytes_disk"]
                     in_read[name].append(got / disk_s / 1e9 if disk_s > 0 else 0.0)
+                    stalled = after["stall_s"] - before["stall_s"]
+                    busy[name].append((disk_s / seconds, stalled / seconds))
                 if name != "resident":
                     equal[name] &= torch.equal(out, ref)
             if raw_files:
@@ -82,7 +87,12 @@ def run(
     for a in applied.values():
         if a.cleanup is not None:
             a.cleanup()
-    return _summary(times, raw, in_read, equal, mode_names, rounds)
+    result = _summary(times, raw, in_read, equal, mode_names, rounds)
+    for row in result["rows"]:
+        if busy[row["mode"]]:
+            row["reading"] = statistics.median(b for b, _ in busy[row["mode"]])
+            row["stalled"] = statistics.median(st for _, st in busy[row["mode"]])
+    return result
 
 
 def _timed_forward(
@@ -151,18 +161,18 @@ def table(result: dict[str, Any], rounds: int) -> str:
     lines = [
         f"| mode | median s/forward | x resident, median of {rounds} rounds | range | "
         "x limit, median | in-read GB/s (x raw read) | x faster than the faster peer, median "
-        "| equal |",
-        "|---|---|---|---|---|---|---|---|",
-        f"| resident | {result['resident_median_s']:.3f} | 1.00 | - | - | - | - | - |",
+        "| equal | reading / stalled (x forward) |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| resident | {result['resident_median_s']:.3f} | 1.00 | - | - | - | - | - | - |",
     ]
     if "raw_median_s" in result:
         lines.append(
             f"| raw cold read of the same files | {result['raw_median_s']:.3f} | - | - | - | "
-            f"{result['raw_gbps']:.2f} (1.00) | - | - |"
+            f"{result['raw_gbps']:.2f} (1.00) | - | - | - |"
         )
         lines.append(
             f"| limit = max(resident, raw read) | - | {result['limit_x_resident']:.3f} | - | "
-            "1.00 | - | - | - |"
+            "1.00 | - | - | - | - |"
         )
     for r in result["rows"]:
         faster = r.get("x_faster_than_peers")
@@ -174,9 +184,16 @@ def table(result: dict[str, Any], rounds: int) -> str:
             f"{r['min_ratio']:.3f}-{r['max_ratio']:.3f} | "
             f"{'-' if lim is None else f'{lim:.3f}'} | "
             f"{read} | "
-            f"{'-' if faster is None else f'{faster:.2f}'} | {'yes' if r['equal'] else 'NO'} |"
+            f"{'-' if faster is None else f'{faster:.2f}'} | {'yes' if r['equal'] else 'NO'} | "
+            f"{_busy_cell(r)} |"
         )
     return "\n".join(lines)
+
+
+def _busy_cell(row: dict[str, Any]) -> str:
+    if "reading" not in row:
+        return "-"
+    return f"{row['reading']:.2f} / {row['stalled']:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:

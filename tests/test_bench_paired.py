@@ -30,7 +30,8 @@ def test_paired_runs_and_prints_one_row_per_mode(tmp_path):
     assert float(by_mode["limit = max(resident, raw read)"][2]) >= 1.0
     for mode in ("ferry-block-disk", "ferry-block-disk+mapped", "ferry-leaf-disk"):
         cells = by_mode[mode]
-        assert cells[-1].strip() == "yes", cells
+        assert cells[-2].strip() == "yes", cells
+        assert " / " in cells[-1], cells  # reading / stalled (x forward)
         assert float(cells[2]) > 0.0 and float(cells[4]) > 0.0  # x resident, x limit
         assert "(" in cells[5], cells  # in-read GB/s (x raw read)
     assert "round 2/2" in r.stdout
