@@ -146,3 +146,21 @@ def test_bad_settings_are_refused_before_anything_moves(stored, kw, setting, tmp
         )
     assert err.value.setting == setting
     assert not folder.exists() or not any(folder.iterdir())
+
+
+def test_a_plain_load_quantizes_the_whole_model_the_same_way(stored, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The Ferry loader's model read whole (no Ferry Offload Model after it): materialize.
+    from offload_core.quant.group_stream import plan_quantized
+    from offload_core.sources.checkpoint_stream import CheckpointWeights
+
+    path = _save(stored, tmp_path / "m.safetensors")
+    ref = _resident(path, stored, "int8-weight")
+    with torch.device("meta"):
+        model = _builder(stored)(torch.device("meta"))
+    quant = plan_quantized(model, "int8-weight")
+    convert, changed = quant.after(None, None)
+    weights = CheckpointWeights.open(path, model, prefix=PREFIX, convert=convert, changed=changed)
+    weights.materialize(model, "cpu")
+    assert {n for n, p in model.named_parameters() if is_quantized(p)} == quant.names
+    assert all(t.device.type == "cpu" for t in [*model.parameters(), *model.buffers()])
+    assert torch.equal(_run(model, ref), _run(ref, ref))
