@@ -24,7 +24,10 @@ from torch.cuda._sanitizer import EventHandler
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
+from offload_core.model.layout import PAGE
+
 T = TypeVar("T")
+Range = tuple[int, int]  # (address, nbytes)
 _ids = itertools.count(1000)
 
 
@@ -65,6 +68,9 @@ class SanitizerBackend:
         self._tls = threading.local()
         self._starts: list[int] = []  # sorted starts of the tracked buffers
         self._ends: dict[int, int] = {}
+        #: How finely each buffer is tracked: the device ring by page (its slots are page-
+        #: aligned regions of it), anything else whole.
+        self._grains: dict[int, int] = {}
         self.waits = {"compute-waits-copy": 0, "copy-waits-compute": 0, "host-waits-copy": 0}
 
     # -- streams -----------------------------------------------------------------------------
@@ -114,23 +120,35 @@ class SanitizerBackend:
             self.handler._handle_event_synchronization(event.id)
 
     # -- memory --------------------------------------------------------------------------------
-    def _track(self, t: torch.Tensor) -> torch.Tensor:
+    def _track(self, t: torch.Tensor, grain: int | None = None) -> torch.Tensor:
         if t.numel():
             start = t.data_ptr()
             with self.lock:
                 bisect.insort(self._starts, start)
                 self._ends[start] = start + t.numel()
+                self._grains[start] = grain or t.numel()
         return t
 
     def base_of(self, ptr: int) -> int | None:
-        """The tracked buffer holding address ``ptr`` (slots, stagings, slabs), if any."""
+        """The tracked buffer holding address ``ptr`` (the ring, stagings, slabs), if any."""
         i = bisect.bisect_right(self._starts, ptr) - 1
         if i >= 0 and ptr < self._ends[self._starts[i]]:
             return self._starts[i]
         return None
 
+    def cells(self, ptr: int, nbytes: int) -> list[int]:
+        """The tracked cells (a page of the ring, or a whole buffer) that bytes ``ptr ..
+        ptr + nbytes`` touch: what the sanitizer sees as separate memory."""
+        base = self.base_of(ptr)
+        if base is None:
+            return []
+        grain = self._grains[base]
+        first = base + (ptr - base) // grain * grain
+        end = min(ptr + max(nbytes, 1), self._ends[base])
+        return list(range(first, end, grain))
+
     def empty_device(self, nbytes: int) -> torch.Tensor:
-        return self._track(torch.empty(nbytes, dtype=torch.uint8))
+        return self._track(torch.empty(nbytes, dtype=torch.uint8), grain=PAGE)
 
     def empty_host(self, nbytes: int, pinned: bool) -> torch.Tensor:
         return self._track(torch.empty(nbytes, dtype=torch.uint8))
@@ -139,9 +157,10 @@ class SanitizerBackend:
         pass
 
     # -- work ----------------------------------------------------------------------------------
-    def kernel(self, stream: FakeStream, reads: set[int], writes: set[int], op: str) -> None:
-        reads = {b for b in (self.base_of(p) for p in reads) if b is not None}
-        writes = {b for b in (self.base_of(p) for p in writes) if b is not None}
+    def kernel(self, stream: FakeStream, read: set[Range], written: set[Range], op: str) -> None:
+        """A kernel on ``stream`` that reads and writes these byte ranges (ptr, nbytes)."""
+        reads = {c for r in read for c in self.cells(*r)}
+        writes = {c for r in written for c in self.cells(*r)}
         if not reads and not writes:
             return
         with self.lock:
@@ -157,10 +176,10 @@ class SanitizerBackend:
             dst.copy_(src)
         finally:
             self._tls.in_copy = False
-        self.kernel(self.current(), {src.data_ptr()}, {dst.data_ptr()}, "copy")
+        self.kernel(self.current(), {_span(src)}, {_span(dst)}, "copy")
 
     def host_fill(self, dst: torch.Tensor, fill: Callable[[], T]) -> T:
-        self.kernel(self.host, set(), {dst.data_ptr()}, "host-read-into")
+        self.kernel(self.host, set(), {_span(dst)}, "host-read-into")
         out = fill()
         # The host finished writing before it launches anything that follows.
         with self.lock:
@@ -174,15 +193,21 @@ class SanitizerBackend:
         return getattr(self._tls, "in_copy", False)
 
 
-def _ptrs(value: Any) -> list[int]:
+def _span(t: torch.Tensor) -> Range:
+    """The bytes a (possibly strided) tensor's elements lie in: (first address, length)."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), (last + 1) * t.element_size()
+
+
+def _ptrs(value: Any) -> list[Range]:
     out = []
     for leaf in tree_flatten(value)[0]:
         if isinstance(leaf, torch.Tensor):
             if is_traceable_wrapper_subclass(leaf):
                 names, _ = leaf.__tensor_flatten__()  # type: ignore[attr-defined]
-                out += [getattr(leaf, n).data_ptr() for n in names]
+                out += [_span(getattr(leaf, n)) for n in names if getattr(leaf, n).numel()]
             elif leaf.numel():
-                out.append(leaf.data_ptr())
+                out.append(_span(leaf))
     return out
 
 
@@ -200,8 +225,8 @@ class ComputeKernels(TorchDispatchMode):
         if self.backend.in_copy():
             return out
         schema = func._schema
-        reads: set[int] = set()
-        writes: set[int] = set()
+        reads: set[Range] = set()
+        writes: set[Range] = set()
         positional = list(zip(schema.arguments, args))
         named = [(a, kwargs[a.name]) for a in schema.arguments if a.name in kwargs]
         for arg, value in positional + named:

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import pytest
 
+from offload_core.model.layout import PAGE
 from offload_core.runtime.schedule import Phase, Planned, Schedule
 
 
+def overlap(a: Planned, b: Planned) -> bool:
+    return a.size > 0 and b.size > 0 and a.offset < b.end and b.offset < a.end
+
+
 def check(s: Schedule) -> None:
-    assert len(s.window) <= s.depth
+    assert len(s.window) <= s.max_window
     steps = [p.step for p in s.window]
     assert steps == list(range(s.step + 1, s.step + 1 + len(steps))), (s.step, steps)
     if s.window:
@@ -21,9 +26,16 @@ def check(s: Schedule) -> None:
             assert prev is not None and p.pos == (prev + 1) % n
             assert p.group == s.order[p.pos]
             prev = p.pos
-    # The buffers claimed (the one computing + the window) are distinct.
-    claimed = [s.buffer_of(s.step)] + [s.buffer_of(p.step) for p in s.window]
-    assert len(set(claimed)) == len(claimed)
+    # The regions claimed (the one computing + the window) lie in the ring and are disjoint.
+    live = s.live()
+    assert s.current is None or s.current.step == s.step
+    assert s.sizes is not None
+    for r in live:
+        assert r.offset % PAGE == 0 and r.offset >= 0 and r.end <= s.ring_bytes, r
+        assert r.size == s.sizes[r.group]
+    for i, a in enumerate(live):
+        for b in live[i + 1 :]:
+            assert not overlap(a, b), (a, b)
 
 
 def run_forward(s: Schedule, groups: list[int]) -> tuple[list[Planned], list[Planned], int]:

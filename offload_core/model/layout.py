@@ -120,8 +120,8 @@ class Entry:
     outer_stride: tuple[int, ...]
     requires_grad: bool
     orig_device: torch.device
-    #: Device forms built around each slot, reused every forward (built once: rebuilding a
-    #: torchao wrapper costs ~90 us).
+    #: Device forms built around a slot, by the region's offset in the ring, reused every
+    #: forward (rebuilding a torchao wrapper costs ~90 us); runtime/group.py bounds it.
     slot_forms: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     # -- reading the tensor the module holds now ---------------------------------------

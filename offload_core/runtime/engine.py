@@ -56,11 +56,17 @@ class Engine:
         self.repair = repair
         self.groups = groups
         self.counters = counters
-        self.schedule = Schedule(len(groups), prefetch_depth)
-        slot_bytes = max((g.spec.nbytes for g in groups if g.source.uses_slot), default=0)
+        # Every group's bytes count in the ring, slot or not: a mapped group's pages are
+        # the RAM its prefetch holds.
+        self.schedule = Schedule(len(groups), prefetch_depth, [g.spec.nbytes for g in groups])
         slotted = any(g.source.uses_slot for g in groups)
+        slot_bytes = max((g.spec.nbytes for g in groups if g.source.uses_slot), default=0)
         self.transfers = Transfers(
-            backend, counters, prefetch_depth + 1, slot_bytes, staged, slotted
+            backend,
+            counters,
+            self.schedule.ring_bytes if slotted else 0,
+            self.schedule.max_window + 1,
+            (prefetch_depth + 1, slot_bytes) if staged else None,
         )
         self._ids = {id(g): i for i, g in enumerate(groups)}  # a group's number in the schedule
         self.inflight: dict[int, Load] = {}  # by step: the loads the schedule planned
@@ -69,8 +75,9 @@ class Engine:
         self._hooks: list[Any] = []
 
     @property
-    def slots(self) -> list[Slot]:
-        return self.transfers.slots
+    def arena(self) -> torch.Tensor | None:
+        """The device ring the slots are regions of (None: no group needs a slot)."""
+        return self.transfers.arena
 
     # -- hooks ----------------------------------------------------------------------------
     def install(self) -> None:
@@ -131,7 +138,7 @@ class Engine:
     def _start(self, planned: list[Planned]) -> None:
         for p in planned:
             g = self.groups[p.group]
-            slot = self.transfers.slot_for(p.step) if g.source.uses_slot else None
+            slot = self.transfers.slot_at(p.offset, p.size) if g.source.uses_slot else None
             ready = g.source.load(self.transfers, slot, p.step)
             self.inflight[p.step] = Load(p, g, slot, ready)
 
@@ -161,8 +168,8 @@ class Engine:
         g.source.release()  # a mapped group's pages go (its forward has returned)
 
     def _drop(self, planned: list[Planned]) -> None:
-        """Loads that will not be used. Reads still running finish first: their buffers
-        must not be refilled under them."""
+        """Loads that will not be used. Reads still running finish first: their regions
+        must not be refilled under them (the schedule reuses them at once)."""
         for p in planned:
             load = self.inflight.pop(p.step)
             try:

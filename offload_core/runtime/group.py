@@ -7,10 +7,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..model.grouping import GroupSpec
+from ..model.layout import Entry
 from ..sources.base import WeightSource
 
 if TYPE_CHECKING:
     from ..transfer.buffers import Slot
+
+#: Device forms kept per entry, by region offset (rebuilding a torchao wrapper costs ~90 us).
+FORMS_KEPT = 8
 
 
 class GroupRuntime:
@@ -21,6 +25,7 @@ class GroupRuntime:
         self.source = source
         self.host_forms = host_forms  # what each entry points at while offloaded
         self.slot: Slot | None = None  # the slot its tensors point into right now
+        self._forms: list[torch.Tensor] = []  # the forms they point at there
         self.requires_grad = any(e.requires_grad for e in spec.entries)
 
     @property
@@ -28,18 +33,28 @@ class GroupRuntime:
         return self.spec.name
 
     def to_slot(self, slot: Slot) -> None:
-        for e in self.spec.entries:
-            form = e.slot_forms.get(slot.index)
-            if form is None:
-                form = e.slot_forms[slot.index] = e.build(slot.buf)
+        self._forms = [_form_at(e, slot) for e in self.spec.entries]
+        for e, form in zip(self.spec.entries, self._forms):
             e.point_at(form)
         self.slot = slot
 
     def to_host(self) -> None:
-        slot = self.slot
-        assert slot is not None
-        for e, host in zip(self.spec.entries, self.host_forms):
+        assert self.slot is not None
+        for e, host, form in zip(self.spec.entries, self.host_forms, self._forms):
             # A subclass went to the slot by swapping with the slot form, which has held the
             # host form since; swapping again restores both.
-            e.point_at(host if e.subclass is None else e.slot_forms[slot.index])
+            e.point_at(host if e.subclass is None else form)
         self.slot = None
+        self._forms = []
+
+
+def _form_at(e: Entry, slot: Slot) -> torch.Tensor:
+    """The entry's device form around ``slot``, from its cache (by region offset; a group's
+    offsets repeat with the forward's pattern), which keeps the ``FORMS_KEPT`` latest."""
+    form = e.slot_forms.pop(slot.offset, None)
+    if form is None:
+        form = e.build(slot.buf)
+    e.slot_forms[slot.offset] = form  # the newest last
+    if len(e.slot_forms) > FORMS_KEPT:
+        del e.slot_forms[next(iter(e.slot_forms))]
+    return form

@@ -3,20 +3,38 @@
 [Note: the schedule]
 Groups run in an ``order`` traced from the forwards themselves (the first guess is
 registration order; a forward that runs groups in another order re-traces it). Every load
-gets the next activation ``step``; step ``t`` uses buffer ``t % (depth + 1)``. While the
-group of step ``t`` computes, the ``window`` holds the loads planned for steps
-``t+1 .. t+depth``: the next groups of the order, wrapping past its end into the next
-forward, so the first groups of a forward arrive while the previous forward's last groups
-compute. Invariants, which tests/test_schedule.py checks after every transition:
-  - the window holds at most ``depth`` loads, with consecutive steps starting at
-    ``step + 1``, so the ``depth + 1`` buffers are never claimed twice (the one computing
-    plus the window);
+gets the next activation ``step``. While the group of step ``t`` computes, the ``window``
+holds the loads planned for steps ``t+1 ..``: the next groups of the order, wrapping past its
+end into the next forward, so the first groups of a forward arrive while the previous
+forward's last groups compute.
+
+Prefetch is by bytes, not only by count. The device memory is one ring of ``depth + 1``
+slots of the largest group's size (``ring_bytes``: the memory of ``depth + 1`` slots by count,
+so ``depth`` groups ahead at the largest size, more when they are smaller), and every load gets
+a ``region`` of it: page-aligned, allocated in step order at the head (right after the newest
+live region while it fits in that region's slot, else at the start of the next slot, wrapping
+past the ring's end to slot 0) and freed in step order, so the live regions (the group
+computing now, then the window) form one FIFO arc. A load is planned only while the window
+holds fewer than ``max_window`` loads (it sizes the reader threads) and its region overlaps no
+live one. No region crosses a slot boundary, so the live arc spans at most ``depth + 1``
+slots, each holding at least one region: the window always reaches ``depth`` loads when the
+cap allows (as by count; a free ring, where a region straddles the middle, could leave no room
+for the next group at depth 1), and with equal groups it is exactly by count.
+Invariants, which tests/test_schedule.py checks after every transition:
+  - the window holds at most ``max_window`` loads, with consecutive steps starting at
+    ``step + 1``;
+  - no two live regions (the one computing, ``current``, and the window's) overlap, and each
+    lies inside the ring: a region is never written while a group that has not been
+    released yet reads it. Regions of earlier (released) steps may be overlapped: the copy
+    waits for their compute-done events ([Note: the three waits], wait 2);
   - the window's positions follow ``cursor`` consecutively around the order;
   - ``cursor`` is the position of the group computing now, ``-1`` before a forward's first
     group, or None when nothing should be prefetched (after an abort or a group that is not
     in the order) until the next forward begins.
-A group that is not the window's head (a misprediction) drops the whole window; the engine
-waits for the dropped loads before their buffers are reused.
+The engine releases the group computing now (records its compute-done event) before every
+transition that plans (``take``, ``begin_forward``, ``retrace``, ``abort``), which therefore
+clear ``current``. A group that is not the window's head (a misprediction) drops the whole
+window; the engine waits for the dropped loads before their regions are reused.
 """
 
 from __future__ import annotations
@@ -24,6 +42,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
+
+from ..model.layout import PAGE, align_up
+
+#: The window's count cap, per unit of depth: generous, as bytes limit it first; it sizes the
+#: reader threads (one per load in flight).
+WINDOW_PER_DEPTH = 8
 
 
 class Phase(Enum):
@@ -38,6 +62,12 @@ class Planned:
     step: int
     pos: int | None  # position in the order; None for a group outside it
     group: int
+    offset: int = 0  # the region of the ring it lands in: ``offset`` .. ``offset + size``
+    size: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
 
 
 @dataclass(frozen=True)
@@ -53,6 +83,8 @@ class Take:
 class Schedule:
     n_groups: int
     depth: int
+    #: Each group's bytes (None: all equal, one page each), rounded up to pages.
+    sizes: list[int] | None = None
     order: list[int] = field(default_factory=list)
     window: deque[Planned] = field(default_factory=deque)
     phase: Phase = Phase.IDLE
@@ -61,13 +93,22 @@ class Schedule:
     cursor: int | None = None
     observed: list[int] = field(default_factory=list)
     retraced: int = 0
+    #: The region of the group computing now (released regions are not tracked here).
+    current: Planned | None = None
 
     def __post_init__(self) -> None:
         if not self.order:
             self.order = list(range(self.n_groups))
+        if self.sizes is None:
+            self.sizes = [PAGE] * self.n_groups
+        self.sizes = [align_up(n, PAGE) for n in self.sizes]
+        self.slot_bytes = max(self.sizes, default=0)
+        self.ring_bytes = (self.depth + 1) * self.slot_bytes
+        self.max_window = WINDOW_PER_DEPTH * self.depth
 
-    def buffer_of(self, step: int) -> int:
-        return step % (self.depth + 1)
+    def live(self) -> list[Planned]:
+        """The regions in use, oldest first: the group computing now, then the window."""
+        return ([self.current] if self.current is not None else []) + list(self.window)
 
     # -- transitions ----------------------------------------------------------------------
     def begin_forward(self) -> list[Planned]:
@@ -75,6 +116,7 @@ class Schedule:
         assert self.phase is Phase.IDLE, "a forward began while the previous one was unfinished"
         self.phase = Phase.IN_FORWARD
         self.observed = []
+        self.current = None  # released by the engine before
         if self.window:
             return []  # the previous forward already prefetched this one's first groups
         self.cursor = -1
@@ -82,6 +124,7 @@ class Schedule:
 
     def take(self, group: int) -> Take:
         """Group ``group`` is about to compute."""
+        self.current = None  # the engine released the group before: its region is free
         if self.phase is Phase.IN_FORWARD:
             self.observed.append(group)
         if self.window and self.window[0].group == group:
@@ -92,6 +135,7 @@ class Schedule:
             load, on_demand = self._plan(pos, group), True
         self.step = load.step
         self.cursor = load.pos
+        self.current = load
         return Take(load, dropped, on_demand)
 
     def top_up(self) -> list[Planned]:
@@ -101,9 +145,12 @@ class Schedule:
         n = len(self.order)
         last = self.window[-1].pos if self.window else self.cursor
         planned = []
-        while len(self.window) < self.depth and last is not None:
+        while len(self.window) < self.max_window and last is not None:
             last = (last + 1) % n
-            planned.append(self._plan(last, self.order[last]))
+            offset = self._fit(self.order[last])
+            if offset is None:
+                break  # the ring is full up to the region of the group computing now
+            planned.append(self._plan(last, self.order[last], offset))
             self.window.append(planned[-1])
         return planned
 
@@ -122,6 +169,7 @@ class Schedule:
             self.retraced += 1
         dropped = self.drop_window()
         self.cursor = -1
+        self.current = None  # the forward's last group was released before
         return never_ran, dropped, self.top_up()
 
     def abort(self) -> list[Planned]:
@@ -129,6 +177,7 @@ class Schedule:
         prefetched until the next forward begins. Returns the loads to drop."""
         self.phase = Phase.IDLE
         self.cursor = None
+        self.current = None
         return self.drop_window()
 
     def drop_window(self) -> list[Planned]:
@@ -138,10 +187,34 @@ class Schedule:
         return dropped
 
     # -- helpers ----------------------------------------------------------------------------
-    def _plan(self, pos: int | None, group: int) -> Planned:
-        planned = Planned(self.next_step, pos, group)
+    def _plan(self, pos: int | None, group: int, offset: int | None = None) -> Planned:
+        """The load of ``group`` for the next step; ``offset`` None: one taken on demand,
+        which goes after the live regions (there are none: the group before it is released
+        and the window dropped)."""
+        if offset is None:
+            offset = self._fit(group)
+            assert offset is not None, "an on-demand load found the ring in use"
+        assert self.sizes is not None
+        planned = Planned(self.next_step, pos, group, offset, self.sizes[group])
         self.next_step += 1
         return planned
+
+    def _fit(self, group: int) -> int | None:
+        """Where the group's region goes: after the newest live region if it fits in that
+        region's slot, else at the next slot's start; None when that overlaps a live region."""
+        assert self.sizes is not None
+        size, live, m = self.sizes[group], self.live(), self.slot_bytes
+        if not live or m == 0:
+            return 0
+        newest = live[-1]
+        k = min(newest.offset // m, self.depth)  # its slot
+        next_slot = (k + 1) % (self.depth + 1) * m
+        offset = newest.end if newest.end + size <= (k + 1) * m else next_slot
+        end = offset + size
+        for r in live:
+            if r.size and size and offset < r.end and r.offset < end:
+                return None
+        return offset
 
     def _position_of(self, group: int) -> int | None:
         """The group's next position in the order after the cursor (None: not in it)."""

@@ -13,12 +13,12 @@ import torch
 
 @dataclass
 class Slot:
-    """A device buffer one streamed group computes from, sized for the largest group."""
+    """The region of the device ring one streamed group computes from ([Note: the
+    schedule]); the events that say when its bytes are free are kept by region in
+    transfer/copies.py (wait 2)."""
 
-    index: int
+    offset: int  # where ``buf`` starts in the ring
     buf: torch.Tensor
-    #: Compute-done event of the group that last read it (None: never read, or a CPU).
-    free: Any = None
 
 
 @dataclass

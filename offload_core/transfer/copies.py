@@ -1,26 +1,34 @@
 """The copies into device slots, and the three waits that make them safe.
 
 [Note: the three waits]
-A device slot is written by the copy stream and read by the compute stream; a pinned staging
-buffer is written by the host (a reader thread) and read by the copy stream. Three waits keep
-that safe, all issued in this file, and nothing else on the hot path blocks:
+A device slot (a region of the ring, [Note: the schedule]) is written by the copy stream and
+read by the compute stream; a pinned staging buffer is written by the host (a reader thread)
+and read by the copy stream. Three waits keep that safe, all issued in this file, and nothing
+else on the hot path blocks:
   1. ``wait_ready``: compute waits on the load's ready-event before a group's forward reads
      the slot;
-  2. ``_copy``: the copy stream waits on the compute-done event of the slot's previous group
-     (``Slot.free``) before it overwrites the slot;
+  2. ``_copy``: the copy stream waits on the compute-done event of every released region the
+     slot overlaps (``_released``: for each byte of the ring, the event of the last group
+     that computed from it) before it overwrites the slot. A region released later over the
+     same bytes replaces the older event there: its copy waited on that event and its
+     compute on its copy, so waiting on the newer one orders after both. The schedule never
+     overlaps a region not released yet, so the events are known when the load is issued;
   3. ``_staged_read``: the host waits on the last copy out of a staging buffer
-     (``Staging.free``) before it refills it.
+     (``Staging.free``) before it refills it. A reader thread takes a staging buffer from a
+     queue when it starts and gives it back once its copy is issued, with that copy's event.
 Each event is recorded on the stream that did the work, and the consumer's stream is looked
 up when the wait is issued, never cached (the caller may run the model under its own stream).
 A load's ready-event always travels as a ``Future`` beside its slot (``runtime.engine.Load``):
 resolved at once for a copy from a host slab, by a reader thread for a disk read.
 On a CPU (``backend.synchronous``) there are no events: a reader thread fills the slot itself,
-which is safe because the slot's last reader returned before the load was issued.
+which is safe because the last reader of the region's bytes returned before the load was
+issued.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -44,54 +52,66 @@ def resolved(value: Any) -> Future[Any]:
 
 
 class Transfers:
-    """The copy side of one offload: its slots, staging ring, reader threads and timings."""
+    """The copy side of one offload: its ring of slots, staging buffers, reader threads and
+    timings."""
 
     def __init__(
         self,
         backend: Backend,
         counters: Counters,
-        n_buffers: int,
-        slot_bytes: int,
-        staged: bool,
-        slotted: bool = True,
+        ring_bytes: int,
+        n_loads: int,
+        staging: tuple[int, int] | None = None,
         read_threads: int = 4,
     ) -> None:
+        """``ring_bytes`` (0: no slots, every group computes in place); ``n_loads`` the most
+        loads in flight (one reader thread each); ``staging``: how many staging buffers of
+        how many bytes (the largest group) a disk read goes through, None for none."""
         self.backend = backend
         self.counters = counters
         self.read_threads = read_threads
-        self.n_buffers = n_buffers  # prefetch depth + 1: one reader per load in flight
-        self.slots: list[Slot] = []
-        if slotted:
-            self.slots = [Slot(i, backend.empty_device(slot_bytes)) for i in range(n_buffers)]
+        self.n_loads = n_loads
+        self.arena = backend.empty_device(ring_bytes) if ring_bytes else None
+        #: (start, end, compute-done event) of the released regions, disjoint (wait 2).
+        self._released: list[tuple[int, int, Any]] = []
         self.stagings: list[Staging] = []
-        if staged and self.slots and not backend.synchronous:
+        self._free_stagings: queue.SimpleQueue[Staging] = queue.SimpleQueue()
+        if staging is not None and self.arena is not None and not backend.synchronous:
+            count, nbytes = staging
             self.stagings = [
-                Staging(backend.empty_host(slot_bytes, pinned=backend.can_pin))
-                for _ in range(n_buffers)
+                Staging(backend.empty_host(nbytes, pinned=backend.can_pin)) for _ in range(count)
             ]
+        for st in self.stagings:
+            self._free_stagings.put(st)
         self._group_pool: ThreadPoolExecutor | None = None
         self._chunk_pool: ThreadPoolExecutor | None = None
         self._timings: list[tuple[str, Any, Any]] = []
         self._timings_lock = threading.Lock()
 
-    def slot_for(self, step: int) -> Slot:
-        return self.slots[step % len(self.slots)]
+    def slot_at(self, offset: int, size: int) -> Slot:
+        """The region ``offset .. offset + size`` of the ring, as a slot."""
+        assert self.arena is not None and offset + size <= self.arena.numel()
+        return Slot(offset, self.arena[offset : offset + size])
+
+    def _overlapped(self, slot: Slot) -> list[Any]:
+        """The compute-done events a copy into ``slot`` waits on (wait 2)."""
+        start, end = slot.offset, slot.offset + slot.buf.numel()
+        return [ev for a, b, ev in self._released if a < end and start < b]
 
     # -- loads: each returns the future of the slot's ready-event --------------------------
     def copy_slab(self, slot: Slot, slab: torch.Tensor, nbytes: int) -> Future[Any]:
         """A host slab (pinned or plain RAM) into ``slot``."""
-        return resolved(self._copy(slot, slab, nbytes, slot.free))
+        return resolved(self._copy(slot, slab, nbytes, self._overlapped(slot)))
 
     def read_file(self, plan: ReadPlan, slot: Slot, step: int) -> Future[Any]:
-        """A group's bytes from a file into ``slot``: straight in on a CPU, else through the
-        staging buffer this step owns."""
+        """A group's bytes from a file into ``slot``: straight in on a CPU, else through a
+        staging buffer."""
         if self.backend.synchronous:
             buf = slot.buf
             return self._pool().submit(self.backend.host_fill, buf, lambda: self.read(plan, buf))
-        staging = self.stagings[step % len(self.stagings)]
-        # Read here, on the engine's thread: see [Note: the three waits] (wait 3).
-        staging_free, slot_free = staging.free, slot.free
-        return self._pool().submit(self._staged_read, plan, staging, staging_free, slot, slot_free)
+        # Looked up here, on the engine's thread: see [Note: the three waits] (wait 2).
+        slot_frees = self._overlapped(slot)
+        return self._pool().submit(self._staged_read, plan, slot, slot_frees)
 
     def run_read(self, nbytes: int, read: Callable[[], None]) -> Future[Any]:
         """A read that needs no slot (a mapped group faulting its pages in); no event."""
@@ -116,16 +136,31 @@ class Transfers:
         self.counters.add(stall_s=waited, group_loads=1)
 
     def slot_done(self, slot: Slot) -> None:
-        """The group computing from ``slot`` is done with it (as far as the host issues)."""
-        slot.free = self.backend.record(self.backend.compute_stream())
+        """The group computing from ``slot`` is done with it (as far as the host issues):
+        its compute-done event replaces the older ones over the same bytes."""
+        event = self.backend.record(self.backend.compute_stream())
+        if event is None:
+            return  # a CPU: the group's last reader has returned
+        start, end = slot.offset, slot.offset + slot.buf.numel()
+        kept = []
+        for a, b, ev in self._released:
+            if b <= start or end <= a:
+                kept.append((a, b, ev))
+                continue
+            if a < start:
+                kept.append((a, start, ev))
+            if end < b:
+                kept.append((end, b, ev))
+        kept.append((start, end, event))
+        self._released = kept
 
     # -- the work ---------------------------------------------------------------------------
-    def _copy(self, slot: Slot, src: torch.Tensor, nbytes: int, slot_free: Any) -> Any:
+    def _copy(self, slot: Slot, src: torch.Tensor, nbytes: int, slot_frees: list[Any]) -> Any:
         b = self.backend
         stream = b.copy_stream()
         with b.use_stream(stream):
-            if slot_free is not None:
-                b.wait(stream, slot_free)  # wait 2: the slot's last reader is done
+            for free in slot_frees:
+                b.wait(stream, free)  # wait 2: the last readers of the region's bytes are done
             pair = b.timing_pair()
             t0 = time.perf_counter()
             if pair is not None:
@@ -143,15 +178,17 @@ class Transfers:
                     self.counters.add(stall_s=spent)  # a CPU copy blocks compute: stall
         return ready
 
-    def _staged_read(
-        self, plan: ReadPlan, staging: Staging, staging_free: Any, slot: Slot, slot_free: Any
-    ) -> Any:
-        if staging_free is not None:
-            self.backend.host_wait(staging_free)  # wait 3: the last copy out of it is done
-        self.backend.host_fill(staging.buf, lambda: self.read(plan, staging.buf))
-        ready = self._copy(slot, staging.buf, plan.span, slot_free)
-        staging.free = ready  # the buffer travels with its event
-        return ready
+    def _staged_read(self, plan: ReadPlan, slot: Slot, slot_frees: list[Any]) -> Any:
+        staging = self._free_stagings.get()  # given back below, by whoever holds it
+        try:
+            if staging.free is not None:
+                self.backend.host_wait(staging.free)  # wait 3: the last copy out of it is done
+            self.backend.host_fill(staging.buf, lambda: self.read(plan, staging.buf))
+            ready = self._copy(slot, staging.buf, plan.span, slot_frees)
+            staging.free = ready  # the buffer travels with its event
+            return ready
+        finally:
+            self._free_stagings.put(staging)
 
     def read(self, plan: ReadPlan, buf: torch.Tensor) -> None:
         """Every chunk of ``plan`` into ``buf`` on the reader threads, checked as
@@ -210,7 +247,7 @@ class Transfers:
     # -- threads ------------------------------------------------------------------------------
     def _pool(self) -> ThreadPoolExecutor:
         if self._group_pool is None:
-            self._group_pool = ThreadPoolExecutor(self.n_buffers, thread_name_prefix="ferry-load")
+            self._group_pool = ThreadPoolExecutor(self.n_loads, thread_name_prefix="ferry-load")
         return self._group_pool
 
     def _chunks(self) -> ThreadPoolExecutor:
@@ -226,7 +263,8 @@ class Transfers:
             if pool is not None:
                 pool.shutdown(wait=True)
         self._group_pool = self._chunk_pool = None
-        self.slots.clear()
+        self.arena = None
+        self._released.clear()
         for s in self.stagings:
             self.backend.release_host(s.buf)
         self.stagings.clear()
