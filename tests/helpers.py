@@ -104,3 +104,42 @@ def flip_byte(path: Path, at_end: int = 1000, keep_mtime: bool = False) -> int:
     if keep_mtime:
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     return b
+
+
+class Uneven(nn.Module):
+    """Leaf modules of very uneven sizes (fp32): a 1 MiB Linear, quarter- and half-size ones,
+    few-KB norms, in an order that makes the byte ring pack small groups into a slot and later
+    put a bigger region over several of them ([Note: the schedule])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            [
+                nn.Linear(64, 4096),  # 1 MiB: the largest group
+                nn.Linear(4096, 16),  # quarter-size ones
+                nn.Linear(16, 4096),
+                nn.LayerNorm(4096),  # 32 KiB
+                nn.Linear(4096, 16),
+                nn.Linear(16, 4096),
+                nn.Linear(4096, 64),  # 1 MiB
+                nn.LayerNorm(64),  # 512 bytes
+                nn.Linear(64, 2048),  # half-size ones
+                nn.Linear(2048, 64),
+                nn.LayerNorm(64),
+                nn.Linear(64, 1024),  # a quarter
+                nn.Linear(1024, 64),
+            ]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.nn.functional.gelu(layer(x))
+        return x
+
+
+def make_uneven_model(seed: int = 5) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """The model (weights random but reproducible) and its inputs."""
+    torch.manual_seed(seed)
+    model = Uneven().eval().requires_grad_(False)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(seed + 1))
+    return model, {"x": x}

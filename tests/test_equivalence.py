@@ -16,7 +16,8 @@ from offload_core import (
     RamTier,
     apply_offload,
 )
-from tests.helpers import make_model, reference, snapshot, state_equal
+from offload_core.runtime.group import FORMS_KEPT
+from tests.helpers import make_model, make_uneven_model, reference, snapshot, state_equal
 
 LEVELS = {"block1": BlockLevel(1), "block2": BlockLevel(2), "leaf": LeafLevel()}
 
@@ -92,3 +93,40 @@ def test_leaf_order_is_traced_then_predicted():
     st = handle.stats()
     handle.remove()
     assert st.on_demand_loads == first, "after the traced forward every load is predicted"
+
+
+@pytest.mark.parametrize("tier", ["ram", "pinned", "disk", "disk-copy"])
+@pytest.mark.parametrize("depth", [1, 2])
+def test_uneven_leaf_groups_prefetched_by_bytes(tmp_path, tier, depth):
+    """Leaf groups from 512 bytes to 1 MiB share the ring: exact output, every load after the
+    traced forward predicted, more groups in flight than the depth."""
+    model, x = make_uneven_model()
+    with torch.no_grad():
+        ref = model(**x)
+    tiers = {
+        "pinned": PinnedRamTier(),
+        "ram": RamTier(),
+        "disk": DiskTier(str(tmp_path), cpu_read="mapped"),
+        "disk-copy": DiskTier(str(tmp_path), cpu_read="copy"),
+    }
+    policy = OffloadPolicy(level=LeafLevel(), tier=tiers[tier], prefetch_depth=depth)
+    handle = apply_offload(model, policy, onload_device="cpu")
+    engine = handle._engine
+    assert engine is not None
+    widest = [0]
+    real_top_up = engine.schedule.top_up
+
+    def top_up():
+        planned = real_top_up()
+        widest[0] = max(widest[0], len(engine.schedule.window))
+        return planned
+
+    engine.schedule.top_up = top_up  # type: ignore[method-assign]
+    with torch.no_grad():
+        outs = [model(**x) for _ in range(4)]
+    st = handle.stats()
+    forms = [len(e.slot_forms) for g in engine.groups for e in g.spec.entries]
+    handle.remove()
+    assert all(torch.equal(o, ref) for o in outs)
+    assert st.on_demand_loads == 0 and widest[0] > depth
+    assert 0 < max(forms) <= FORMS_KEPT, "device forms are cached by region, boundedly"

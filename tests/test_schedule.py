@@ -4,10 +4,12 @@ Every transition is followed by a check of the invariants [Note: the schedule] s
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from offload_core.model.layout import PAGE
-from offload_core.runtime.schedule import Phase, Planned, Schedule
+from offload_core.runtime.schedule import WINDOW_PER_DEPTH, Phase, Planned, Schedule
 
 
 def overlap(a: Planned, b: Planned) -> bool:
@@ -53,6 +55,8 @@ def run_forward(s: Schedule, groups: list[int]) -> tuple[list[Planned], list[Pla
         check(s)
         started += s.top_up()
         check(s)
+        if s.cursor is not None:  # the ring never holds fewer loads ahead than by count
+            assert len(s.window) >= min(s.depth, s.max_window)
         assert take.load.group == g
     if s.end_forward():
         _, d, planned = s.retrace()
@@ -128,3 +132,112 @@ def test_begin_forward_refuses_an_unfinished_forward():
     s.begin_forward()
     with pytest.raises(AssertionError):
         s.begin_forward()
+
+
+# -- by bytes: groups of different sizes share the ring -------------------------------------
+P = PAGE
+#: A leaf-level pattern: a big Linear, quarter-size ones, a few-KB norm, a half-size one.
+UNEVEN = [64 * P, 16 * P, 17 * P, 2 * P, 16 * P, 17 * P, 63 * P, 1, 32 * P, 33 * P, 1, 16 * P]
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_equal_groups_are_prefetched_exactly_by_count(depth):
+    s = Schedule(6, depth, [10 * P + 5] * 6)
+    assert s.ring_bytes == (depth + 1) * 11 * P
+    started, dropped, on_demand = run_forward(s, list(range(6)))
+    for _ in range(2):
+        more, d, od = run_forward(s, list(range(6)))
+        started += more
+        dropped += d
+        on_demand += od
+    assert dropped == [] and on_demand == 0
+    # Step t lands in slot (t - 1) % (depth + 1): the count-based schedule's buffers.
+    assert [p.offset for p in started] == [(p.step - 1) % (depth + 1) * 11 * P for p in started]
+    assert len(s.window) == depth
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_smaller_groups_are_prefetched_further_ahead(depth):
+    s = Schedule(len(UNEVEN), depth, UNEVEN)
+    widest = 0
+    s.begin_forward()
+    for _ in range(3):
+        for g in range(len(UNEVEN)):
+            s.take(g)
+            s.top_up()
+            check(s)
+            widest = max(widest, len(s.window))
+        s.end_forward()
+        s.begin_forward()
+    assert widest > depth, "small groups share a slot"
+    assert sum(p.size for p in s.live()) <= s.ring_bytes
+
+
+def test_regions_wrap_past_the_rings_end_and_overlap_only_released_ones():
+    s = Schedule(len(UNEVEN), 1, UNEVEN)
+    started, _, _ = run_forward(s, list(range(len(UNEVEN))))
+    started += run_forward(s, list(range(len(UNEVEN))))[0]
+    offsets = [p.offset for p in started]
+    assert any(b < a for a, b in zip(offsets, offsets[1:])), "the arc wrapped to slot 0"
+    # Some region lies over two or more earlier ones (the case wait 2 waits on several events).
+    over = [
+        sum(overlap(p, q) for q in started[:i] if q.group != p.group) for i, p in enumerate(started)
+    ]
+    assert max(over) >= 2
+
+
+def test_tiny_groups_fill_the_window_up_to_its_cap():
+    s = Schedule(40, 1, [16 * P] + [1] * 39)  # a page each
+    s.begin_forward()
+    s.take(0)
+    s.top_up()
+    check(s)
+    assert len(s.window) == s.max_window == WINDOW_PER_DEPTH
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_misprediction_retrace_and_abort_with_uneven_groups(depth):
+    s = Schedule(len(UNEVEN), depth, UNEVEN)
+    order = list(range(len(UNEVEN)))
+    run_forward(s, order)
+    shuffled = order[6:] + order[:6]
+    _, dropped, on_demand = run_forward(s, shuffled)
+    assert dropped and on_demand >= 1 and s.order == shuffled
+    _, dropped, on_demand = run_forward(s, shuffled)
+    assert dropped == [] and on_demand == 0
+    s.begin_forward()
+    s.take(shuffled[0])
+    s.top_up()
+    assert s.abort() and not s.window and s.current is None
+    check(s)
+    _, dropped, on_demand = run_forward(s, shuffled)
+    assert dropped == [] and on_demand == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_transitions_keep_the_regions_apart(seed):
+    """Random sizes, orders, groups taken out of order, aborts and retraces: every state
+    satisfies the invariants."""
+    rng = random.Random(seed)
+    n = rng.randint(2, 12)
+    s = Schedule(
+        n, rng.randint(1, 4), [rng.choice([1, P, 3 * P, 20 * P, 64 * P]) for _ in range(n)]
+    )
+    for _ in range(8):
+        s.begin_forward()
+        check(s)
+        for _ in range(rng.randint(0, 2 * n)):
+            nxt = s.order[((s.cursor if s.cursor is not None else -1) + 1) % len(s.order)]
+            s.take(rng.randrange(n) if rng.random() < 0.2 else nxt)
+            check(s)
+            s.top_up()
+            check(s)
+            if s.cursor is not None:
+                assert len(s.window) >= min(s.depth, s.max_window)
+        if rng.random() < 0.2:
+            s.abort()
+            check(s)
+            continue
+        if s.end_forward():
+            s.retrace()
+            check(s)

@@ -16,14 +16,19 @@ from offload_core import (
 )
 from offload_core import api as apply_mod
 from offload_core.tools.demo_model import build_demo_model, demo_inputs
+from offload_core.transfer.copies import Transfers
+from tests.helpers import make_uneven_model
 from tests.sanitizer_backend import ComputeKernels, SanitizerBackend
 
 
-def _run(monkeypatch, tmp_path, tier, depth, drop=None, level=None, forwards=3):
+def _run(monkeypatch, tmp_path, tier, depth, drop=None, level=None, forwards=3, uneven=False):
     backend = SanitizerBackend(drop)
     monkeypatch.setattr(apply_mod, "backend_for", lambda device: backend)
-    model = build_demo_model(0.004, torch.float32, seed=1)
-    x = demo_inputs(model, tokens=8)
+    if uneven:
+        model, x = make_uneven_model()
+    else:
+        model = build_demo_model(0.004, torch.float32, seed=1)
+        x = demo_inputs(model, tokens=8)
     with torch.no_grad():
         ref = model(**x)
     tier = DiskTier(str(tmp_path)) if tier == "disk" else PinnedRamTier()
@@ -72,4 +77,57 @@ def test_leaf_level_schedule_has_no_race(monkeypatch, tmp_path):
 def test_checker_has_teeth(monkeypatch, tmp_path, drop, tier, depth):
     """Each of the three waits, removed alone, is reported as a race."""
     backend, _, _ = _run(monkeypatch, tmp_path, tier, depth, drop=drop)
+    assert backend.errors, f"removing {drop} went unnoticed"
+
+
+def _count_overlaps(monkeypatch) -> list[int]:
+    """How many released regions' events each copy into the ring waits on (wait 2)."""
+    seen: list[int] = []
+    real = Transfers._overlapped
+
+    def spy(self, slot):
+        events = real(self, slot)
+        seen.append(len(events))
+        return events
+
+    monkeypatch.setattr(Transfers, "_overlapped", spy)
+    return seen
+
+
+@pytest.mark.parametrize("tier", ["pinned", "disk"])
+@pytest.mark.parametrize("depth", [1, 2])
+def test_uneven_leaf_groups_share_the_ring_without_a_race(monkeypatch, tmp_path, tier, depth):
+    """Groups of very different sizes: small ones packed into one slot, a bigger region
+    later over several of them, each copy waiting on every overlapped group's compute."""
+    overlaps = _count_overlaps(monkeypatch)
+    backend, ref, outs = _run(
+        monkeypatch, tmp_path, tier, depth, level=LeafLevel(), forwards=4, uneven=True
+    )
+    assert backend.errors == [], "\n".join(map(str, backend.errors[:3]))
+    assert all(torch.equal(o, ref) for o in outs)
+    assert max(overlaps) >= 2, "some region lay over two or more released ones"
+    assert backend.waits["copy-waits-compute"] > 20
+
+
+@pytest.mark.parametrize(
+    "drop,tier",
+    [
+        ("compute-waits-copy", "pinned"),
+        ("copy-waits-compute", "pinned"),
+        ("copy-waits-compute", "disk"),
+        ("host-waits-copy", "disk"),
+        ("only-the-oldest-overlapped", "pinned"),
+        ("only-the-oldest-overlapped", "disk"),
+    ],
+)
+def test_checker_has_teeth_on_the_ring(monkeypatch, tmp_path, drop, tier):
+    """On uneven groups, each wait removed alone is a race; so is waiting on only one of the
+    compute-done events of the regions a new region overlaps."""
+    if drop == "only-the-oldest-overlapped":
+        real = Transfers._overlapped
+        monkeypatch.setattr(Transfers, "_overlapped", lambda self, slot: real(self, slot)[:1])
+        drop = None
+    backend, _, _ = _run(
+        monkeypatch, tmp_path, tier, 1, drop=drop, level=LeafLevel(), forwards=3, uneven=True
+    )
     assert backend.errors, f"removing {drop} went unnoticed"
