@@ -129,4 +129,5 @@ def test_uneven_leaf_groups_prefetched_by_bytes(tmp_path, tier, depth):
     handle.remove()
     assert all(torch.equal(o, ref) for o in outs)
     assert st.on_demand_loads == 0 and widest[0] > depth
-    assert 0 < max(forms) <= FORMS_KEPT, "device forms are cached by region, boundedly"
+    if tier != "disk":  # a mapped group computes in place: no slot, no device form
+        assert 0 < max(forms) <= FORMS_KEPT, "device forms are cached by region, boundedly"

@@ -4,6 +4,7 @@ Every transition is followed by a check of the invariants [Note: the schedule] s
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -178,7 +179,7 @@ def test_regions_wrap_past_the_rings_end_and_overlap_only_released_ones():
     started, _, _ = run_forward(s, list(range(len(UNEVEN))))
     started += run_forward(s, list(range(len(UNEVEN))))[0]
     offsets = [p.offset for p in started]
-    assert any(b < a for a, b in zip(offsets, offsets[1:])), "the arc wrapped to slot 0"
+    assert any(b < a for a, b in itertools.pairwise(offsets)), "the arc wrapped to slot 0"
     # Some region lies over two or more earlier ones (the case wait 2 waits on several events).
     over = [
         sum(overlap(p, q) for q in started[:i] if q.group != p.group) for i, p in enumerate(started)
