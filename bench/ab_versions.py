@@ -10,6 +10,8 @@ compared with the resident one (torch.equal).
 
     git worktree add /tmp/ferry-old <commit>
     python -m bench.ab_versions --other /tmp/ferry-old --tokens 1024 --txt-tokens 256 --rounds 5
+
+``--levels block,leaf`` compares both grouping levels (default prefetch depth).
 """
 
 from __future__ import annotations
@@ -42,9 +44,13 @@ def import_other(checkout: Path, name: str = "offload_core_b") -> ModuleType:
     return module
 
 
-def offload(core: ModuleType, model: Any, folder: Path, cpu_read: str) -> tuple[Any, list[Path]]:
+def offload(
+    core: ModuleType, model: Any, folder: Path, cpu_read: str, level: str = "block"
+) -> tuple[Any, list[Path]]:
     tier = core.DiskTier(str(folder), cpu_read=cpu_read)
-    handle = core.apply_offload(model, core.OffloadPolicy(tier=tier), onload_device="cpu")
+    lvl = core.LeafLevel() if level == "leaf" else core.BlockLevel(1)
+    policy = core.OffloadPolicy(level=lvl, tier=tier)
+    handle = core.apply_offload(model, policy, onload_device="cpu")
     files = sorted(Path(handle.stats().disk_folder).glob("group-*.safetensors"))
     return handle, files
 
@@ -65,6 +71,7 @@ def main() -> int:
     p.add_argument("--txt-tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--paths", default="mapped,copy", help="DiskTier cpu_read values to compare")
+    p.add_argument("--levels", default="block", help="block, leaf or both (block,leaf)")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/ferry-ab"))
     a = p.parse_args()
     if a.this is not None:
@@ -81,10 +88,12 @@ def main() -> int:
     del built
     runs: dict[str, tuple[Any, list[Path]]] = {"resident": (models.load_model(spec, ckpt), [])}
     handles = []
-    for path in a.paths.split(","):
+    paths = [f"{lv}-{p}" for lv in a.levels.split(",") for p in a.paths.split(",")]
+    for path in paths:
         for label, core in (("A", core_a), ("B", core_b)):
             m = models.load_model(spec, ckpt)
-            h, files = offload(core, m, a.workdir / f"{label}-{path}", path)
+            level, cpu_read = path.split("-")
+            h, files = offload(core, m, a.workdir / f"{label}-{path}", cpu_read, level)
             handles.append(h)
             runs[f"{label}-{path}"] = (m, files)
     times: dict[str, list[float]] = {k: [] for k in runs}
@@ -101,7 +110,7 @@ def main() -> int:
             print(f"  round {r + 1}/{a.rounds}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items()), flush=True)  # fmt: skip
     for h in handles:
         h.remove()
-    print_table(times, equal, a.paths.split(","), a)
+    print_table(times, equal, paths, a)
     return 0
 
 
@@ -112,7 +121,7 @@ def _median_ratio(num: list[float], den: list[float]) -> tuple[float, float, flo
 
 def print_table(times: dict[str, list[float]], equal: dict[str, bool], paths: list[str], a: Any) -> None:  # fmt: skip
     print(f"\nFlux 4+8 blocks fp32, {a.tokens}+{a.txt_tokens} tokens, {a.rounds} rounds, cold page cache; A = {a.this or 'this checkout'}, B = {a.other}\n")  # fmt: skip
-    print("| read path | A x resident | B x resident | A / B, median (range) | equal A, B |")
+    print("| level-read path | A x resident | B x resident | A / B, median (range) | equal A, B |")
     print("|---|---|---|---|---|")
     for path in paths:
         ta, tb, res = times[f"A-{path}"], times[f"B-{path}"], times["resident"]
