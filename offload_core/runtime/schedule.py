@@ -27,6 +27,8 @@ Invariants, which tests/test_schedule.py checks after every transition:
     lies inside the ring: a region is never written while a group that has not been
     released yet reads it. Regions of earlier (released) steps may be overlapped: the copy
     waits for their compute-done events ([Note: the three waits], wait 2);
+  - after ``top_up`` (while prefetching), the window holds at least ``min(depth,
+    max_window)`` loads: never fewer ahead than by count;
   - the window's positions follow ``cursor`` consecutively around the order;
   - ``cursor`` is the position of the group computing now, ``-1`` before a forward's first
     group, or None when nothing should be prefetched (after an abort or a group that is not
