@@ -233,9 +233,7 @@ def run_one(
             results.append({"mode": mode, "skipped": why})
             echo(f"  {mode:24s} skipped: {why}")
             continue
-        mdir = workdir / mode.replace("+", "_")
-        shutil.rmtree(mdir, ignore_errors=True)
-        mdir.mkdir()
+        mdir = fresh_dir(workdir, mode)
         job = {
             "mode": mode,
             "model": run.model.as_dict(),
@@ -248,23 +246,7 @@ def run_one(
             "opts": opts,
             "result_file": str(mdir / "result.json"),
         }
-        env = dict(os.environ, TORCHAO_FORCE_SKIP_LOADING_SO_FILES="1", PYTHONPATH=str(REPO))
-        t0 = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-m", "bench.worker", json.dumps(job)],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        rfile = mdir / "result.json"
-        if rfile.exists():
-            res = json.loads(rfile.read_text())
-        else:
-            res = {"mode": mode, "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
-        res["wall_s"] = time.perf_counter() - t0
-        if "out_file" in res:
-            res["outputs"] = torch.load(res["out_file"])
+        res = spawn("bench.worker", job)
         results.append(res)
         if "error" in res:
             echo(f"  {mode:24s} FAILED\n{res['error']}")
@@ -284,6 +266,42 @@ def run_one(
         r.update(results_meta)
     ckpt.unlink()
     return run, results
+
+
+def fresh_dir(workdir: Path, mode: str) -> Path:
+    """An empty folder for one mode's files."""
+    mdir = workdir / mode.replace("+", "_")
+    shutil.rmtree(mdir, ignore_errors=True)
+    mdir.mkdir()
+    return mdir
+
+
+def spawn(module: str, job: dict[str, Any]) -> dict[str, Any]:
+    """Runs ``python -m module '<job>'`` (a fresh process, bench.worker.main) and returns the
+    result it wrote to ``job["result_file"]``, with its outputs loaded and ``wall_s``."""
+    env = dict(
+        os.environ,
+        TORCHAO_FORCE_SKIP_LOADING_SO_FILES="1",
+        PYTHONPATH=str(REPO),
+        HF_HUB_OFFLINE="1",
+    )
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", module, json.dumps(job)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    rfile = Path(job["result_file"])
+    if rfile.exists():
+        res: dict[str, Any] = json.loads(rfile.read_text())
+    else:
+        res = {"mode": job["mode"], "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+    res["wall_s"] = time.perf_counter() - t0
+    if "out_file" in res:
+        res["outputs"] = torch.load(res["out_file"])
+    return res
 
 
 def _base(results: list[dict[str, Any]]) -> int | None:

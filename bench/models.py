@@ -85,6 +85,23 @@ def empty_model(spec: ModelSpec) -> nn.Module:
     return model
 
 
+def _init_(spec: ModelSpec, name: str, p: torch.Tensor, gen: torch.Generator) -> None:
+    """The seeded initial value of one float32 parameter, in place (one rule per kind; the
+    demo DiT's is offload_core.tools.demo_model's)."""
+    if spec.kind == "dit":
+        if name.endswith("bias"):
+            p.normal_(0.0, 0.02, generator=gen)
+        else:
+            p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
+    elif p.dim() == 1:
+        if "norm" in name and name.endswith("weight"):
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, 0.02, generator=gen)
+    else:
+        p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
+
+
 def build_model(spec: ModelSpec) -> nn.Module:
     """Seeded random weights (normal, std 1/sqrt(fan_in); biases 0.02), on the CPU."""
     if spec.kind == "dit":
@@ -95,13 +112,7 @@ def build_model(spec: ModelSpec) -> nn.Module:
     gen = torch.Generator().manual_seed(spec.seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 1:
-                if "norm" in name and name.endswith("weight"):
-                    p.fill_(1.0)
-                else:
-                    p.normal_(0.0, 0.02, generator=gen)
-            else:
-                p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
+            _init_(spec, name, p, gen)
     return model.to(DTYPES[spec.dtype]).eval().requires_grad_(False)
 
 
@@ -109,6 +120,29 @@ def save_checkpoint(model: nn.Module, path: Path) -> None:
     from safetensors.torch import save_file
 
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+
+
+def write_checkpoint(spec: ModelSpec, path: Path) -> int:
+    """A checkpoint of the same weights as ``build_model(spec)``, written one tensor at a time
+    (the model stays on meta), so a model bigger than RAM can be written. Returns its size."""
+    from offload_core.formats.safetensors import write_file
+
+    model = empty_model(spec)
+    params = dict(model.named_parameters())
+    if set(model.state_dict()) != set(params):
+        raise ValueError(f"{spec.label} has buffers in its state dict; use save_checkpoint")
+    dtype = DTYPES[spec.dtype]
+    gen = torch.Generator().manual_seed(spec.seed)
+
+    def tensors():  # type: ignore[no-untyped-def]
+        for name, p in params.items():  # build_model's order: the same draws
+            t = torch.empty(p.shape, dtype=torch.float32)
+            _init_(spec, name, t, gen)
+            yield name, t.to(dtype)
+
+    specs = [(k, dtype, tuple(p.shape)) for k, p in params.items()]
+    with open(path, "wb") as f:
+        return write_file(f, specs, {"format": "pt"}, tensors())
 
 
 def load_model(spec: ModelSpec, checkpoint: Path) -> nn.Module:

@@ -4,6 +4,7 @@
 #   bash bench/run.sh --suite quick      a small smoke run
 #   bash bench/run.sh --help             every option (python -m bench.compare --help)
 #   bash bench/run.sh --paired ...       x resident from alternating forwards (bench/paired.py)
+#   bash bench/run.sh --load-memory ...  RAM during load + forwards, per loader (bench/load_memory.py)
 #   bash bench/run.sh --setup-only       only create the venv
 # The peers are installed here only, into their own venv (.venv-bench, or $FERRY_BENCH_VENV),
 # never into the project's .venv: torch==2.13.0 first, then requirements-bench.txt with
@@ -31,5 +32,9 @@ export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1 PYTHONUNBUFFERED=1
 if [ "${1:-}" = "--paired" ]; then
   shift
   exec "$py" -m bench.paired "$@"   # x-resident in alternating pairs, one process
+fi
+if [ "${1:-}" = "--load-memory" ]; then
+  shift
+  exec "$py" -m bench.load_memory "$@"   # peak RAM from the file on (issue 11)
 fi
 exec "$py" -m bench.compare "$@"

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +138,11 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], work: Callable[[dict[str, Any]], dict[str, Any]] = run) -> int:
+    """``argv[0]``: the job (JSON); the result (or the error) goes to ``job["result_file"]``."""
     job = json.loads(argv[0])
     try:
-        result = run(job)
+        result = work(job)
     except Exception:
         result = {"mode": job["mode"], "error": traceback.format_exc(limit=8)}
     Path(job["result_file"]).write_text(json.dumps(result))

@@ -120,10 +120,12 @@ class MappedSource:
         except OSError as e:
             if e.errno == errno.EINVAL:  # a kernel without MADV_POPULATE_READ
                 self.mm.madvise(mmap.MADV_WILLNEED, 0, self.length)
-            elif e.errno == errno.EFAULT:  # the file ends before the group does
+            elif e.errno == errno.EFAULT:
+                # Where an access would raise SIGBUS: the file ends before the group does,
+                # or the disk failed to read a page (EIO): reported here, never at compute.
                 raise CorruptGroupFileError(
-                    f"{self.plan.path} is truncated; its contents were not used. "
-                    + damaged_hint(self.plan)
+                    f"{self.plan.path} is truncated or could not be read (an I/O error); its "
+                    "contents were not used. " + damaged_hint(self.plan)
                 ) from None
             else:
                 raise

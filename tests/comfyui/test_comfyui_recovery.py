@@ -48,6 +48,13 @@ FAULTS = {
     "truncated": lambda files: os.truncate(files[1], files[1].stat().st_size - 100),
     "flipped": lambda files: flip_byte(files[1], keep_mtime=True),
     "folder-deleted": lambda files: shutil.rmtree(files[0].parent),
+    "file-deleted": lambda files: files[1].unlink(),
+    # Another group's file (a real, well-formed Ferry file) written over it, in place...
+    "overwritten": lambda files: shutil.copyfile(files[0], files[1]),
+    # ...or renamed over it (a new inode: Ferry's open descriptor still reads the old one).
+    "renamed-over": lambda files: os.replace(
+        shutil.copyfile(files[0], files[1].with_suffix(".new")), files[1]
+    ),
 }
 NEXT = {
     "unchanged": lambda: [ferry(tier="disk")],
