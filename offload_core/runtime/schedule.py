@@ -48,7 +48,7 @@ from enum import Enum
 from ..model.layout import PAGE, align_up
 
 #: The window's count cap, per unit of depth: generous, as bytes limit it first; it sizes the
-#: reader threads (one per load in flight).
+#: queue of loads in flight.
 WINDOW_PER_DEPTH = 8
 
 
