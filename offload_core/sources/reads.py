@@ -10,10 +10,13 @@ an earlier run) at 0.29 CPU-s per GB once, not on every forward. ``DiskTier(veri
 "every_read")`` checks them on every read (media that can rot under an unchanged file).
 A bad chunk raises CorruptGroupFileError; its bytes are never used.
 A read whose checksums are not due is issued as one request per contiguous run of chunks
-(``ReadPlan.runs``), not per chunk: the kernel splits a large O_DIRECT request into the
-device's largest requests and keeps them all in flight, so one system call and one thread
-wake-up per group reach the disk's speed (measured beside compute on the 2-core VM: one
-256 MiB-1 GiB request 2.6-2.7 GB/s, four threads of 16 MiB 1.9-2.6 GB/s).
+(``ReadPlan.runs``), not per chunk: the kernel splits a large request into the device's
+largest requests and keeps them all in flight, so one system call and one thread wake-up per
+group reach the disk's speed (measured beside compute on the 2-core VM: one 256 MiB-1 GiB
+request 2.6-2.7 GB/s, four threads of 16 MiB 1.9-2.6 GB/s). O_DIRECT is used only for a
+request whose offsets and length are whole pages; a group's tensors rarely end on a page, so
+most one-request reads go through the page cache, which measured faster here than reading
+their whole pages with O_DIRECT (docs/benchmarks.md, issue 13 session 4).
 """
 
 from __future__ import annotations
