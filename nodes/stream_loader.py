@@ -177,6 +177,5 @@ def bytes_to_write(patcher: Any, plan: Any) -> int | None:
     return sum(
         spec.nbytes
         for spec, gp in zip(plan.grouping.groups, plan.groups)
-        if not gp.resident
-        and not all(e.current().device.type == "meta" and weights.verbatim(e) for e in spec.entries)
+        if not gp.resident and not weights.reads_verbatim(spec.entries)
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -47,17 +47,24 @@ def quantize_linear(module: nn.Linear, config: Any, chunk_bytes: int = CHUNK_BYT
     quantize_(module, config)
 
 
+def _quantized_bare(
+    weight: torch.Tensor, config: Any, quantize: Callable[[nn.Linear, Any], None]
+) -> torch.Tensor:
+    """``weight`` quantized by ``quantize`` in a bias-free Linear built around it (no copy)."""
+    with torch.device("meta"):
+        holder = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    holder.weight = nn.Parameter(weight, requires_grad=False)
+    quantize(holder, config)
+    # torchao sets holder.extra_repr to a method bound to holder: a reference cycle that would
+    # keep the quantized copy alive until the cyclic GC runs. Break it.
+    holder.__dict__.pop("extra_repr", None)
+    return holder.weight
+
+
 def _quantize_slice(rows: torch.Tensor, config: Any) -> torch.Tensor:
     from torchao.quantization import quantize_
 
-    with torch.device("meta"):
-        part = nn.Linear(rows.shape[1], rows.shape[0], bias=False)
-    part.weight = nn.Parameter(rows, requires_grad=False)
-    quantize_(part, config)
-    # torchao sets part.extra_repr to a method bound to part: a reference cycle that would keep
-    # this slice's quantized copy alive until the cyclic GC runs. Break it.
-    part.__dict__.pop("extra_repr", None)
-    return part.weight
+    return _quantized_bare(rows, config, quantize_)
 
 
 def _quantize_rows(weight: torch.Tensor, config: Any, rows: int) -> torch.Tensor | None:
@@ -152,9 +159,4 @@ def quantize_choice(c: LayerChoice, config: Any, device: torch.device | None) ->
 def quantize_weight(weight: torch.Tensor, config: Any) -> torch.Tensor:
     """A Linear weight quantized where it is, exactly as ``quantize_linear`` quantizes it in
     its module (the bias takes no part), or the weight itself where torchao declines it."""
-    with torch.device("meta"):
-        holder = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-    holder.weight = nn.Parameter(weight, requires_grad=False)
-    quantize_linear(holder, config)
-    holder.__dict__.pop("extra_repr", None)  # torchao's bound method: a reference cycle
-    return holder.weight
+    return _quantized_bare(weight, config, quantize_linear)

@@ -166,6 +166,11 @@ class CheckpointWeights:
         part = entry.parts[0]
         return st.dtype == part.dtype and st.shape == part.size and part.contiguous
 
+    def reads_verbatim(self, entries: list[Entry]) -> bool:
+        """Every entry still waits in the file (meta) and is read as stored: a group made of
+        them keeps the checkpoint as its disk-tier source, nothing written."""
+        return all(e.current().device.type == "meta" and self.verbatim(e) for e in entries)
+
     # -- reading -----------------------------------------------------------------------------
     def __enter__(self) -> CheckpointWeights:
         self._fd = os.open(self.path, os.O_RDONLY)
@@ -214,8 +219,8 @@ class CheckpointWeights:
             return True
         if entry.subclass is None:
             like = torch.empty_strided(part.size, part.stride, dtype=part.dtype, device="meta")
-        else:  # quantized as it streams: the plan's outer tensor
-            like = torch.empty(entry.outer_size, dtype=entry.current().dtype, device="meta")
+        else:  # quantized as it streams: read_tensor reads its plain form, then converts
+            like = entry.current()
         value = self.read_tensor(entry.qualname, like)
         _check_layout(entry, value, self.setting)
         entry.fill(buf, value)

@@ -62,7 +62,7 @@ class StreamingPlacement(Placement):
         return self._checkpoint  # already set from the weights; never a second index
 
     def _in_checkpoint(self, entries: list[Entry]) -> bool:
-        return all(e.current().device == META and self.weights.verbatim(e) for e in entries)
+        return self.weights.reads_verbatim(entries)
 
     def _place(self, spec: GroupSpec, resident: bool, scratch: torch.Tensor | None) -> GroupRuntime:
         buf = self._slab_for(spec, resident, scratch)
