@@ -45,14 +45,24 @@ def import_other(checkout: Path, name: str = "offload_core_b") -> ModuleType:
 
 
 def offload(
-    core: ModuleType, model: Any, folder: Path, cpu_read: str, level: str = "block"
+    core: ModuleType,
+    model: Any,
+    folder: Path,
+    cpu_read: str,
+    level: str = "block",
+    checkpoint: Path | None = None,
 ) -> tuple[Any, list[Path]]:
-    tier = core.DiskTier(str(folder), cpu_read=cpu_read)
+    """``cpu_read`` "ckpt": copy reads from the model's own checkpoint (``source_checkpoint``),
+    nothing written."""
+    source = str(checkpoint) if cpu_read == "ckpt" else None
+    tier = core.DiskTier(
+        str(folder), cpu_read="copy" if source else cpu_read, source_checkpoint=source
+    )
     lvl = core.LeafLevel() if level == "leaf" else core.BlockLevel(1)
     policy = core.OffloadPolicy(level=lvl, tier=tier)
     handle = core.apply_offload(model, policy, onload_device="cpu")
     files = sorted(Path(handle.stats().disk_folder).glob("group-*.safetensors"))
-    return handle, files
+    return handle, files + ([Path(source)] if source else [])
 
 
 def timed(model: Any, x: dict[str, Any], files: list[Path]) -> tuple[torch.Tensor, float]:
@@ -70,7 +80,11 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--txt-tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--paths", default="mapped,copy", help="DiskTier cpu_read values to compare")
+    p.add_argument(
+        "--paths",
+        default="mapped,copy",
+        help="DiskTier cpu_read values to compare; ckpt: copy from the model's checkpoint",
+    )
     p.add_argument("--levels", default="block", help="block, leaf or both (block,leaf)")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/ferry-ab"))
     a = p.parse_args()
@@ -93,7 +107,7 @@ def main() -> int:
         for label, core in (("A", core_a), ("B", core_b)):
             m = models.load_model(spec, ckpt)
             level, cpu_read = path.split("-")
-            h, files = offload(core, m, a.workdir / f"{label}-{path}", cpu_read, level)
+            h, files = offload(core, m, a.workdir / f"{label}-{path}", cpu_read, level, ckpt)
             handles.append(h)
             runs[f"{label}-{path}"] = (m, files)
     times: dict[str, list[float]] = {k: [] for k in runs}

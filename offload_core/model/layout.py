@@ -51,13 +51,6 @@ def module_nbytes(module: nn.Module) -> int:
     return sum(tensor_nbytes(t) for t in unique.values())
 
 
-def page_aligned_empty(nbytes: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """A uint8 buffer starting on a page boundary (direct I/O reads into it)."""
-    raw = torch.empty(nbytes + PAGE, dtype=torch.uint8, device=device)
-    skip = (-raw.data_ptr()) % PAGE
-    return raw[skip : skip + nbytes]
-
-
 @dataclass(frozen=True)
 class Part:
     """One plain tensor stored at ``offset`` in a slab, with its own strides."""

@@ -13,10 +13,11 @@ A read whose checksums are not due is issued as one request per contiguous run o
 (``ReadPlan.runs``), not per chunk: the kernel splits a large request into the device's
 largest requests and keeps them all in flight, so one system call and one thread wake-up per
 group reach the disk's speed (measured beside compute on the 2-core VM: one 256 MiB-1 GiB
-request 2.6-2.7 GB/s, four threads of 16 MiB 1.9-2.6 GB/s). O_DIRECT is used only for a
-request whose offsets and length are whole pages; a group's tensors rarely end on a page, so
-most one-request reads go through the page cache, which measured faster here than reading
-their whole pages with O_DIRECT (docs/benchmarks.md, issue 13 session 4).
+request 2.6-2.7 GB/s, four threads of 16 MiB 1.9-2.6 GB/s). O_DIRECT is used for a request
+whose offsets and length are whole pages (a group file's data starts on a page; Flux's
+block-level groups end on one too), the page cache for the rest (a group ending on a bias, a
+tensor in the user's checkpoint). How fast O_DIRECT is depends on where it lands:
+[Note: where a direct read lands] (transfer/host_memory.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..model.layout import page_aligned_empty
+from .host_memory import host_buffer
 
 T = TypeVar("T")
 
@@ -59,7 +59,7 @@ class StreamBackend:
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def empty_host(self, nbytes: int, pinned: bool) -> torch.Tensor:
-        buf = page_aligned_empty(nbytes)
+        buf = host_buffer(nbytes)
         if pinned and nbytes:
             if self.device.type == "cuda":
                 # Register the exact allocation: the caching host allocator would round a

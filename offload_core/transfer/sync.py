@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..model.layout import page_aligned_empty
+from .host_memory import host_buffer
 
 T = TypeVar("T")
 
@@ -48,11 +48,11 @@ class SyncBackend:
 
     def empty_device(self, nbytes: int) -> torch.Tensor:
         if self.device.type == "cpu":
-            return page_aligned_empty(nbytes)  # disk reads land here directly
+            return host_buffer(nbytes)  # disk reads land here directly
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def empty_host(self, nbytes: int, pinned: bool) -> torch.Tensor:
-        return page_aligned_empty(nbytes)
+        return host_buffer(nbytes)
 
     def release_host(self, buf: torch.Tensor) -> None:
         pass
