@@ -68,10 +68,16 @@ def checkpoint_spans(
 
 
 def checkpoint_plan(
-    path: Path, entries: list[Entry], packed: torch.Tensor, index: Index, prefix: str
+    path: Path,
+    entries: list[Entry],
+    packed: torch.Tensor,
+    index: Index,
+    prefix: str,
+    direct: bool = True,
 ) -> ReadPlan | None:
     """A plan that reads the group straight from the checkpoint, if the bytes there are
-    exactly the model's (``packed``: the group's slab as the model holds it)."""
+    exactly the model's (``packed``: the group's slab as the model holds it); ``direct``:
+    with an O_DIRECT descriptor beside ([Note: the window read])."""
     spans = checkpoint_spans(entries, index, prefix)
     if spans is None:
         return None
@@ -81,7 +87,7 @@ def checkpoint_plan(
             m = min(CHUNK, n - o)
             crc = zlib.crc32(bytes_view(packed[buf_off + o : buf_off + o + m]))
             chunks.append(Chunk(file_off + o, buf_off + o, m, crc))
-    plan = open_plan(path, chunks, owned=False)
+    plan = open_plan(path, chunks, owned=False, direct=direct)
     check = torch.empty_like(packed)
     try:
         for c in chunks:

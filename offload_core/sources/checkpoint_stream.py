@@ -274,7 +274,11 @@ def _equal_ctx(a: object, b: object) -> bool:
 
 
 def plan_from_read(
-    path: Path, spec: GroupSpec, packed: torch.Tensor, weights: CheckpointWeights
+    path: Path,
+    spec: GroupSpec,
+    packed: torch.Tensor,
+    weights: CheckpointWeights,
+    direct: bool = True,
 ) -> ReadPlan:
     """A checked read plan for a group whose slab ``packed`` was just read verbatim from the
     checkpoint: the CRCs come from those bytes (the file is read once, not twice)."""
@@ -287,6 +291,6 @@ def plan_from_read(
             n = min(CHUNK, part.nbytes - o)
             crc = zlib.crc32(bytes_view(packed[part.offset + o : part.offset + o + n]))
             chunks.append(Chunk(st.start + o, part.offset + o, n, crc))
-    plan = open_plan(path, chunks, owned=False)
+    plan = open_plan(path, chunks, owned=False, direct=direct)
     plan.verified = True
     return plan

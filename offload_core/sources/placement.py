@@ -206,7 +206,8 @@ class Placement:
         if self._checkpoint is None:
             return None
         path, index, prefix = self._checkpoint
-        return checkpoint_plan(path, spec.entries, packed, index, prefix)
+        direct = self.store is None or self.store.direct_io
+        return checkpoint_plan(path, spec.entries, packed, index, prefix, direct)
 
     def _mapping(self, plan: ReadPlan) -> tuple[mmap.mmap, torch.Tensor]:
         key = str(plan.path)

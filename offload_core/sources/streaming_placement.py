@@ -103,7 +103,8 @@ class StreamingPlacement(Placement):
     def _from_checkpoint(self, spec: GroupSpec, packed: torch.Tensor) -> ReadPlan | None:
         if spec.index not in self._verbatim or self._checkpoint is None:
             return None
-        return plan_from_read(self.weights.path, spec, packed, self.weights)
+        direct = self.store is None or self.store.direct_io
+        return plan_from_read(self.weights.path, spec, packed, self.weights, direct)
 
     def _move_outside(self) -> None:
         """The tensors outside the groups, read from the file onto the onload device."""

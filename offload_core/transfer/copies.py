@@ -39,8 +39,10 @@ import torch
 
 from ..runtime.stats import Counters
 from ..sources.reads import ReadPlan, check_identity, read_chunk
+from ..sources.window_read import BOUNCE, Window, read_window, window_for
 from .backend import Backend
 from .buffers import Slot, Staging
+from .host_memory import host_buffer
 
 log = logging.getLogger("ferry")
 
@@ -87,6 +89,11 @@ class Transfers:
         self._chunk_pool: ThreadPoolExecutor | None = None
         self._timings: list[tuple[str, Any, Any]] = []
         self._timings_lock = threading.Lock()
+        #: Each read plan's window read (None: it reads per run), by ``id``: plans live as
+        #: long as the offload.
+        self._windows: dict[int, Window | None] = {}
+        #: The load thread's two bounce buffers for window reads (made at the first one).
+        self._bounces: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def slot_at(self, offset: int, size: int) -> Slot:
         """The region ``offset .. offset + size`` of the ring, as a slot."""
@@ -199,7 +206,9 @@ class Transfers:
             changed = check_identity(plan)
             verify = plan.needs_checksums(changed)
             parts = plan.chunks if verify else plan.runs  # checked: per chunk, CRCs in parallel
-            if len(parts) == 1:
+            if not verify and self._read_window(plan, buf):
+                pass  # the whole pages around the tensors at once: [Note: the window read]
+            elif len(parts) == 1:
                 read_chunk(plan, parts[0], buf, verify)  # one request: no hop to another thread
             else:
                 futures = [self._chunks().submit(read_chunk, plan, c, buf, verify) for c in parts]
@@ -210,6 +219,22 @@ class Transfers:
             done = plan.nbytes
         finally:
             self.counters.read_finished(done)
+
+    def _read_window(self, plan: ReadPlan, buf: torch.Tensor) -> bool:
+        if plan.direct_fd < 0:
+            return False
+        key = id(plan)
+        if key not in self._windows:
+            self._windows[key] = window_for(plan)
+        window = self._windows[key]
+        if window is None:
+            return False
+        if self._bounces is None:
+            self._bounces = (host_buffer(BOUNCE), host_buffer(BOUNCE))
+        if read_window(plan, window, buf, self._bounces, self._chunks()):
+            return True
+        self._windows[key] = None  # O_DIRECT refused here: per-run reads from now on
+        return False
 
     def _timed_read(self, nbytes: int, read: Callable[[], None]) -> None:
         self.counters.read_started()
@@ -269,7 +294,7 @@ class Transfers:
             if pool is not None:
                 pool.shutdown(wait=True)
         self._group_pool = self._chunk_pool = None
-        self.arena = None
+        self.arena = self._bounces = None
         self._released.clear()
         for s in self.stagings:
             self.backend.release_host(s.buf)
