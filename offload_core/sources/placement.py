@@ -31,7 +31,7 @@ from .checkpoint import Index, checkpoint_plan, checkpoint_spans, find_prefix, r
 from .file_source import FileSource
 from .host_slab import HostSlabSource
 from .mapped import MappedSource, can_map
-from .reads import ReadPlan
+from .reads import ReadPlan, reserve_descriptors
 from .repair import drop_group, in_index, lost_error, refill_from_index
 from .resident import ResidentSource
 from .store import GroupStore
@@ -126,6 +126,9 @@ class Placement:
         )
         if self.backend.synchronous:
             self._choose_cpu_read(tier)
+        # Each streamed group keeps its file open: to read, with O_DIRECT beside it
+        # (sources/reads.py), and the descriptor Python's mmap keeps for its forms.
+        reserve_descriptors(3 * sum(not gp.resident for gp in self.plan.groups))
         self.store = GroupStore.open(tier.path, self.name, need)
         self.store.direct_io = tier.direct_io
         if self.store.stale_note:

@@ -23,6 +23,7 @@ tensor in the user's checkpoint). How fast O_DIRECT is depends on where it lands
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import zlib
 from dataclasses import dataclass
@@ -31,8 +32,10 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CorruptGroupFileError
+from ..errors import ConfigError, CorruptGroupFileError
 from ..model.layout import PAGE
+
+log = logging.getLogger("ferry")
 
 #: Checksums are kept per chunk of this many bytes (and checked reads issued per chunk).
 CHUNK = 16 << 20
@@ -140,14 +143,57 @@ def bytes_view(t: torch.Tensor) -> memoryview:
 
 
 def open_plan(path: Path, chunks: list[Chunk], owned: bool, direct: bool = False) -> ReadPlan:
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_descriptor(path, os.O_RDONLY)
     plan = ReadPlan(path, fd, FileIdentity.of(os.fstat(fd)), chunks, owned)
     if direct and hasattr(os, "O_DIRECT"):
         try:
-            plan.direct_fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            plan.direct_fd = open_descriptor(path, os.O_RDONLY | os.O_DIRECT)
+        except ConfigError:
+            plan.close()
+            raise
         except OSError:
             pass  # tmpfs and some network filesystems refuse O_DIRECT: buffered reads
     return plan
+
+
+def open_descriptor(path: Path, flags: int) -> int:
+    """``os.open``, with a clear error where the process is out of descriptors (the disk
+    tier reserves what it needs before writing anything: ``reserve_descriptors``)."""
+    try:
+        return os.open(path, flags)
+    except OSError as e:
+        if e.errno != errno.EMFILE:
+            raise
+        raise ConfigError("level", _OUT_OF_DESCRIPTORS) from None
+
+
+_OUT_OF_DESCRIPTORS = (
+    "this offload needs more open files than the process may hold (ulimit -n); choose block "
+    "level (fewer, larger groups) or raise the limit (ulimit -n 65536)"
+)
+
+
+def reserve_descriptors(count: int) -> None:
+    """Makes room for ``count`` more open files: every disk-tier group holds one or two (a
+    leaf-level offload of a large model has hundreds of groups, and many desktops start
+    programs with a soft limit of 1024). Raises the soft limit up to the hard one if needed;
+    past the hard limit, a clear error, before anything is written."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit to raise
+        return
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return  # not Linux: no cheap count; the open itself says it if it fails
+    want = in_use + count + 64  # headroom: a group file being written, the user's own
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or want <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and want > hard:
+        raise ConfigError("level", _OUT_OF_DESCRIPTORS + f" (needs {want}, the limit is {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    log.info("ferry: raised the open-file limit from %d to %d for the disk tier", soft, want)
 
 
 def _aligned(*values: int) -> bool:
