@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from offload_core import (
     BlockLevel,
@@ -31,7 +32,12 @@ def _run(monkeypatch, tmp_path, tier, depth, drop=None, level=None, forwards=3, 
         x = demo_inputs(model, tokens=8)
     with torch.no_grad():
         ref = model(**x)
-    tier = DiskTier(str(tmp_path)) if tier == "disk" else PinnedRamTier()
+    if tier == "disk-ckpt":  # groups read from the model's own checkpoint: window reads
+        ckpt = tmp_path / "model.safetensors"
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ckpt))
+        tier = DiskTier(str(tmp_path / "ferry"), source_checkpoint=str(ckpt))
+    else:
+        tier = DiskTier(str(tmp_path)) if tier == "disk" else PinnedRamTier()
     policy = OffloadPolicy(level=level or BlockLevel(1), tier=tier, prefetch_depth=depth)
     handle = apply_offload(model, policy, onload_device="cpu")
     outs = []
@@ -131,3 +137,25 @@ def test_checker_has_teeth_on_the_ring(monkeypatch, tmp_path, drop, tier):
         monkeypatch, tmp_path, tier, 1, drop=drop, level=LeafLevel(), forwards=3, uneven=True
     )
     assert backend.errors, f"removing {drop} went unnoticed"
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_window_reads_through_staging_have_no_race(monkeypatch, tmp_path, depth):
+    """A group read from the checkpoint lands in its staging buffer piece by piece, copied
+    out of the bounce buffers on other threads ([Note: the window read]); the copy stream
+    must still see every byte written before it copies (wait 3 and the read's own join)."""
+    from offload_core.sources import window_read
+
+    calls: list[int] = []
+    real = window_read.read_window
+
+    def counted(*args):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr("offload_core.transfer.copies.read_window", counted)
+    backend, ref, outs = _run(monkeypatch, tmp_path, "disk-ckpt", depth)
+    assert backend.errors == [], "\n".join(map(str, backend.errors[:3]))
+    assert all(torch.equal(o, ref) for o in outs)
+    assert len(calls) > 5, "the groups after the first forward read windows"
+    assert backend.waits["host-waits-copy"] > 10

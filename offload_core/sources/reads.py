@@ -174,7 +174,7 @@ _OUT_OF_DESCRIPTORS = (
 
 
 def reserve_descriptors(count: int) -> None:
-    """Makes room for ``count`` more open files: every disk-tier group holds one or two (a
+    """Makes room for ``count`` more open files: every disk-tier group holds up to three (a
     leaf-level offload of a large model has hundreds of groups, and many desktops start
     programs with a soft limit of 1024). Raises the soft limit up to the hard one if needed;
     past the hard limit, a clear error, before anything is written."""
