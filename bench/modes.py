@@ -168,7 +168,7 @@ def _ferry(
 def _what_if_read_threads(n: int) -> None:
     from offload_core.transfer import copies
 
-    copies.Transfers.__init__.__defaults__ = (True, n)  # (slotted, read_threads)
+    copies.Transfers.__init__.__defaults__ = (None, n)  # (staging, read_threads)
 
 
 def _diffusers(

@@ -65,7 +65,6 @@ class Engine:
             backend,
             counters,
             self.schedule.ring_bytes if slotted else 0,
-            self.schedule.max_window + 1,
             (prefetch_depth + 1, slot_bytes) if staged else None,
         )
         self._ids = {id(g): i for i, g in enumerate(groups)}  # a group's number in the schedule

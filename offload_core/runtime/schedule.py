@@ -15,7 +15,7 @@ a ``region`` of it: page-aligned, allocated in step order at the head (right aft
 live region while it fits in that region's slot, else at the start of the next slot, wrapping
 past the ring's end to slot 0) and freed in step order, so the live regions (the group
 computing now, then the window) form one FIFO arc. A load is planned only while the window
-holds fewer than ``max_window`` loads (it sizes the reader threads) and its region overlaps no
+holds fewer than ``max_window`` loads (a generous cap) and its region overlaps no
 live one. No region crosses a slot boundary, so the live arc spans at most ``depth + 1``
 slots, each holding at least one region: the window always reaches ``depth`` loads when the
 cap allows (as by count; a free ring, where a region straddles the middle, could leave no room
@@ -47,8 +47,8 @@ from enum import Enum
 
 from ..model.layout import PAGE, align_up
 
-#: The window's count cap, per unit of depth: generous, as bytes limit it first; it sizes the
-#: queue of loads in flight.
+#: The window's count cap, per unit of depth: generous, as bytes limit it first; it bounds the
+#: loads queued on the load thread.
 WINDOW_PER_DEPTH = 8
 
 

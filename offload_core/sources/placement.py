@@ -209,8 +209,12 @@ class Placement:
         if self._checkpoint is None:
             return None
         path, index, prefix = self._checkpoint
-        direct = self.store is None or self.store.direct_io
-        return checkpoint_plan(path, spec.entries, packed, index, prefix, direct)
+        return checkpoint_plan(path, spec.entries, packed, index, prefix, self._direct_io())
+
+    def _direct_io(self) -> bool:
+        """Whether reads of the user's checkpoint get an O_DIRECT descriptor (the tier's
+        ``direct_io``, as for the group files)."""
+        return self.store is None or self.store.direct_io
 
     def _mapping(self, plan: ReadPlan) -> tuple[mmap.mmap, torch.Tensor]:
         key = str(plan.path)

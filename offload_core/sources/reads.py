@@ -29,11 +29,15 @@ import zlib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import ConfigError, CorruptGroupFileError
 from ..model.layout import PAGE
+
+if TYPE_CHECKING:
+    from .window_read import Window
 
 log = logging.getLogger("ferry")
 
@@ -105,6 +109,14 @@ class ReadPlan:
             else:
                 runs.append(Chunk(c.file_offset, c.buf_offset, c.nbytes, 0))
         return runs
+
+    @cached_property
+    def window(self) -> Window | None:
+        """The whole pages around this plan's runs, read at once where they do not lie on
+        whole pages themselves ([Note: the window read]); None: read per run."""
+        from .window_read import window_for  # window_read builds on this module
+
+        return window_for(self)
 
     @property
     def span(self) -> int:

@@ -103,8 +103,7 @@ class StreamingPlacement(Placement):
     def _from_checkpoint(self, spec: GroupSpec, packed: torch.Tensor) -> ReadPlan | None:
         if spec.index not in self._verbatim or self._checkpoint is None:
             return None
-        direct = self.store is None or self.store.direct_io
-        return plan_from_read(self.weights.path, spec, packed, self.weights, direct)
+        return plan_from_read(self.weights.path, spec, packed, self.weights, self._direct_io())
 
     def _move_outside(self) -> None:
         """The tensors outside the groups, read from the file onto the onload device."""

@@ -39,7 +39,7 @@ import torch
 
 from ..runtime.stats import Counters
 from ..sources.reads import ReadPlan, check_identity, read_chunk
-from ..sources.window_read import BOUNCE, Window, read_window, window_for
+from ..sources.window_read import BOUNCE, read_window
 from .backend import Backend
 from .buffers import Slot, Staging
 from .host_memory import host_buffer
@@ -62,17 +62,15 @@ class Transfers:
         backend: Backend,
         counters: Counters,
         ring_bytes: int,
-        n_loads: int,
         staging: tuple[int, int] | None = None,
         read_threads: int = 4,
     ) -> None:
-        """``ring_bytes`` (0: no slots, every group computes in place); ``n_loads`` the most
-        loads in flight (queued on one load thread, in step order); ``staging``: how many staging buffers of
-        how many bytes (the largest group) a disk read goes through, None for none."""
+        """``ring_bytes`` (0: no slots, every group computes in place); ``staging``: how
+        many staging buffers of how many bytes (the largest group) a disk read goes through,
+        None for none. Loads queue on one load thread, in step order."""
         self.backend = backend
         self.counters = counters
         self.read_threads = read_threads
-        self.n_loads = n_loads
         self.arena = backend.empty_device(ring_bytes) if ring_bytes else None
         #: (start, end, compute-done event) of the released regions, disjoint (wait 2).
         self._released: list[tuple[int, int, Any]] = []
@@ -89,9 +87,6 @@ class Transfers:
         self._chunk_pool: ThreadPoolExecutor | None = None
         self._timings: list[tuple[str, Any, Any]] = []
         self._timings_lock = threading.Lock()
-        #: Each read plan's window read (None: it reads per run), by ``id``: plans live as
-        #: long as the offload.
-        self._windows: dict[int, Window | None] = {}
         #: The load thread's two bounce buffers for window reads (made at the first one).
         self._bounces: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -221,19 +216,14 @@ class Transfers:
             self.counters.read_finished(done)
 
     def _read_window(self, plan: ReadPlan, buf: torch.Tensor) -> bool:
-        if plan.direct_fd < 0:
-            return False
-        key = id(plan)
-        if key not in self._windows:
-            self._windows[key] = window_for(plan)
-        window = self._windows[key]
-        if window is None:
+        window = plan.window
+        if plan.direct_fd < 0 or window is None:
             return False
         if self._bounces is None:
             self._bounces = (host_buffer(BOUNCE), host_buffer(BOUNCE))
         if read_window(plan, window, buf, self._bounces, self._chunks()):
             return True
-        self._windows[key] = None  # O_DIRECT refused here: per-run reads from now on
+        plan.drop_direct()  # O_DIRECT refused for this file: per-run reads from now on
         return False
 
     def _timed_read(self, nbytes: int, read: Callable[[], None]) -> None:
