@@ -93,6 +93,17 @@ def laid_out(client: Client, server: Any, refs: Any, folder: Path) -> None:
     assert any(str(o["disk_folder"]).startswith(str(folder)) for o in live(client))
 
 
+def failed_prompt(client: Client, folder: Path, fault: str, label: str, why: str) -> str:
+    """Runs the graph through Ferry on ``folder`` with ``fault`` armed: the fault fired once
+    (``why`` says what it means if not) and the prompt failed; returns its error message."""
+    entry = client.run(graph([disk(folder)], label, seed=next(_seeds)))
+    assert fired(client, fault) == 1, why
+    assert entry["status"]["status_str"] == "error", f"the {fault} fault must fail the prompt"
+    msg = error_message(entry)
+    print("MESSAGE:", msg)
+    return msg
+
+
 def no_python(msg: str) -> None:
     for python in ("handle", "remove()", "find_offload", "apply_offload", "Traceback"):
         assert python not in msg, msg
@@ -105,12 +116,7 @@ def test_disk_fills_while_a_layout_is_written(
     size_kb = (model.stat().st_size + (80 << 20)) >> 10  # room for the check's 64 MB margin
     with tmpfs(tmp_path / "small-disk", f"{size_kb}k") as mnt:
         faults("fill", folder=str(mnt), ballast=str(mnt / "ballast"))
-        seed = next(_seeds)
-        entry = client.run(graph([disk(mnt)], "fill", seed=seed))
-        assert fired(client, "fill") == 1, "the disk did not fill mid-layout"
-        assert entry["status"]["status_str"] == "error", "the layout should have met ENOSPC"
-        msg = error_message(entry)
-        print("MESSAGE:", msg)
+        msg = failed_prompt(client, mnt, "fill", "fill", "the disk did not fill mid-layout")
         assert msg.startswith("KSampler: disk_path: the disk filled up while writing group-"), msg
         assert str(mnt) in msg and "nothing was lost" in msg, msg
         no_python(msg)
@@ -126,12 +132,7 @@ def test_a_read_failing_with_eio(
     folder = tmp_path / "eio-disk"
     laid_out(client, server, refs, folder)
     faults("eio", folder=str(folder), count=1)
-    seed = next(_seeds)
-    entry = client.run(graph([disk(folder)], "eio", seed=seed))
-    assert fired(client, "eio") == 1, "no read met the EIO"
-    assert entry["status"]["status_str"] == "error", "an EIO must not give a latent"
-    msg = error_message(entry)
-    print("MESSAGE:", msg)
+    msg = failed_prompt(client, folder, "eio", "eio", "no read met the EIO")
     assert msg.startswith("KSampler: Ferry Offload Model: reading a group file in the disk"), msg
     assert str(folder) in msg and "Input/output error" in msg and "layout is kept" in msg, msg
     no_python(msg)
@@ -162,10 +163,7 @@ def test_an_exception_inside_a_block(
     folder = tmp_path / "raise-disk"
     laid_out(client, server, refs, folder)
     faults("block", at=2)  # the second block's forward of the next prompt
-    entry = client.run(graph([disk(folder)], "raise", seed=next(_seeds)))
-    assert fired(client, "block") == 1
-    assert entry["status"]["status_str"] == "error"
-    msg = error_message(entry)
+    msg = failed_prompt(client, folder, "block", "raise", "no block raised")
     assert msg.strip() == "KSampler: ferry test: a block raised inside its forward", msg
     recovers(client, server, refs, folder)
 
