@@ -26,7 +26,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=${TORCHAO_FORCE_SKIP_LOADING_SO_FILES:-1}
 case "$job" in
-  panel) exec "$py" scripts/panel.py "$@" ;;
+  panel) exec "$py" tools/panel.py "$@" ;;
   demo)  exec "$py" -m offload_core.tools.demo "$@" ;;
   test)
     "$py" -m ruff check .

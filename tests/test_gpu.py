@@ -1,5 +1,5 @@
 """The GPU half: real streams, the real CUDA Sanitizer, and races provoked with _sleep.
-Skipped without CUDA; `bash scripts/gpu_suite.sh` runs it on a lent GPU."""
+Skipped without CUDA; `bash tools/gpu_suite.sh` runs it on a lent GPU."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def test_gpu_suite_dry_run_without_comfyui(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("FERRY_COMFYUI", "OUT")}
     env.update(FERRY_PY=sys.executable, FERRY_H2H_DIR=str(tmp_path / "h2h"))
     p = subprocess.run(
-        ["bash", "scripts/gpu_suite.sh"],
+        ["bash", "tools/gpu_suite.sh"],
         cwd=REPO,
         env=env,
         capture_output=True,

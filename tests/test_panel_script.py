@@ -1,4 +1,4 @@
-"""scripts/panel.py, the README's main job: starts the panel on the demo model, prints its
+"""tools/panel.py, the README's main job: starts the panel on the demo model, prints its
 URL, binds 127.0.0.1 unless told otherwise, and warns when told otherwise."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
         os.environ, FERRY_SETTINGS=str(tmp_path / "settings.json"), GRADIO_ANALYTICS_ENABLED="False"
     )
     proc = subprocess.Popen(
-        [sys.executable, "scripts/panel.py", "--no-browser", "--size-gb", "0.002", "--port", str(port), *extra],
+        [sys.executable, "tools/panel.py", "--no-browser", "--size-gb", "0.002", "--port", str(port), *extra],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None

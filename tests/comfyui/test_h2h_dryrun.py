@@ -25,7 +25,7 @@ def _cells(out: str, name: str) -> list[str]:
 def test_h2h_dry_run_with_comfyui(tmp_path: Path) -> None:
     env = {**os.environ, "FERRY_PY": sys.executable, "FERRY_H2H_DIR": str(tmp_path / "h2h")}
     p = subprocess.run(
-        ["bash", "scripts/gpu_suite.sh", "h2h"],
+        ["bash", "tools/gpu_suite.sh", "h2h"],
         cwd=REPO,
         env=env,
         capture_output=True,

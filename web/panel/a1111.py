@@ -34,7 +34,7 @@ def register_tab(script_callbacks: Any, gradio_version: str) -> bool:
     if gradio_major(gradio_version) < MIN_GRADIO_MAJOR:
         print(
             f"Ferry: the panel tab needs Gradio {MIN_GRADIO_MAJOR}+, this UI runs Gradio "
-            f"{gradio_version}; start the panel on its own with: python scripts/panel.py",
+            f"{gradio_version}; start the panel on its own with: python tools/panel.py",
             file=sys.stderr,
         )
         return False

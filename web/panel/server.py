@@ -86,7 +86,7 @@ def _check_host(host: Any, allow_remote: bool) -> None:
         raise ConfigError(
             "host",
             f"{host} would let other machines reach the panel; pass allow_remote=True "
-            "(scripts/panel.py: --listen) to mean it, or use 127.0.0.1",
+            "(tools/panel.py: --listen) to mean it, or use 127.0.0.1",
         )
 
 

@@ -3,7 +3,7 @@
 #   .comfyui/  a ComfyUI source tree (default /work/comfyui, or $1), without venv/.git/tests
 #   .whl/      wheels for the GPU image's Python 3.12: diffusers (+ importlib_metadata 8.x),
 #              torchao, torchsde (+ trampoline); that image has the rest (facts.md, KINDS.md)
-# Then: run(carry=[".comfyui", ".whl"], command="FERRY_COMFYUI=.comfyui bash scripts/gpu_suite.sh h2h").
+# Then: run(carry=[".comfyui", ".whl"], command="FERRY_COMFYUI=.comfyui bash tools/gpu_suite.sh h2h").
 # Prints the carried size; the working tree plus these must stay under 64 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,11 +1,11 @@
 """Starts Ferry's panel on the built-in demo model and prints its URL (the README's main job).
 
-Loaded by AUTOMATIC1111/Forge as an extension script (they import every scripts/*.py), it
-adds the panel as a tab instead, where their Gradio can draw it (web/panel/a1111.py).
+The WebUI side (a Forge/A1111 tab) is scripts/ferry_webui.py: those hosts load every
+scripts/*.py as a WebUI script, so only WebUI scripts live there.
 
-    python scripts/panel.py                  # http://127.0.0.1:7860/ , opens a browser tab
-    python scripts/panel.py --port 7870 --no-browser
-    python scripts/panel.py --listen 0.0.0.0 # other machines too: prints a warning
+    python tools/panel.py                    # http://127.0.0.1:7860/ , opens a browser tab
+    python tools/panel.py --port 7870 --no-browser
+    python tools/panel.py --listen 0.0.0.0   # other machines too: prints a warning
 
 The pack is imported the way ComfyUI imports it (from its folder, under a hyphenated name),
 so the panel runs the same relative-import code standalone and inside ComfyUI.
@@ -18,25 +18,8 @@ import importlib
 import os
 import sys
 import time
-import types
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PACK_NAME = "ferry-panel-standalone"
-
-
-def load_pack_package() -> str:
-    """Registers the repository root as a package WITHOUT running its __init__.py.
-
-    The root __init__ registers ComfyUI nodes, which a standalone panel does not need (and
-    which may import ComfyUI-only modules); the panel's own modules are imported from it.
-    """
-    if PACK_NAME not in sys.modules:
-        pkg = types.ModuleType(PACK_NAME)
-        pkg.__path__ = [str(REPO)]
-        pkg.__file__ = str(REPO / "__init__.py")
-        sys.modules[PACK_NAME] = pkg
-    return PACK_NAME
+from pack_loader import PACK_NAME, load_pack_package
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,19 +74,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _a1111_entry() -> None:
-    """A1111/Forge import this file to register UI tabs; anywhere else this does nothing."""
-    try:
-        from modules import script_callbacks  # type: ignore[import-not-found]
-    except ImportError:
-        return
-    import gradio
-
-    a1111 = importlib.import_module(load_pack_package() + ".web.panel.a1111")
-    a1111.register_tab(script_callbacks, gradio.__version__)
-
-
 if __name__ == "__main__":
     raise SystemExit(main())
-else:
-    _a1111_entry()

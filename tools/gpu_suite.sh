@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU suite in one command, for a lent GPU machine:
-#   bash scripts/gpu_suite.sh              tests, sanitizer run, benchmark (all)
-#   bash scripts/gpu_suite.sh tests        the GPU tests and the TORCH_CUDA_SANITIZER run only
-#   bash scripts/gpu_suite.sh bench [ARGS] the benchmark only (ARGS go to python -m bench.compare)
-#   bash scripts/gpu_suite.sh h2h [ARGS]   the head-to-head only (ARGS go to python -m bench.h2h):
+#   bash tools/gpu_suite.sh              tests, sanitizer run, benchmark (all)
+#   bash tools/gpu_suite.sh tests        the GPU tests and the TORCH_CUDA_SANITIZER run only
+#   bash tools/gpu_suite.sh bench [ARGS] the benchmark only (ARGS go to python -m bench.compare)
+#   bash tools/gpu_suite.sh h2h [ARGS]   the head-to-head only (ARGS go to python -m bench.h2h):
 #       Ferry vs ComfyUI core vs diffusers, KSampler on one model, VRAM capped at 12 and 24 GB.
-#       Real ComfyUI when FERRY_COMFYUI names a source tree (scripts/carry_prepare.sh makes
+#       Real ComfyUI when FERRY_COMFYUI names a source tree (tools/carry_prepare.sh makes
 #       .comfyui/); it resumes: run it again in the next 10-minute call until nothing is left.
 # Everything it prints is also written under bench/results/ (and copied to $OUT when set).
 #
@@ -21,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-all}
 [ $# -gt 0 ] && shift
-case "$part" in all|tests|bench|h2h) ;; *) echo "usage: bash scripts/gpu_suite.sh [all|tests|bench|h2h] [args]" >&2; exit 2 ;; esac
+case "$part" in all|tests|bench|h2h) ;; *) echo "usage: bash tools/gpu_suite.sh [all|tests|bench|h2h] [args]" >&2; exit 2 ;; esac
 
 if [ -n "${FERRY_PY:-}" ]; then py=$FERRY_PY
 elif [ -x .venv-bench/bin/python ]; then py=.venv-bench/bin/python
