@@ -90,6 +90,8 @@ def start_forge(data: Path, models: Path, *, with_ferry: bool = True) -> Server:
     log = data / f"forge-{port}.log"
     cmd = [py, "launch.py", "--always-cpu", "--skip-torch-cuda-test", "--skip-prepare-environment",
            "--skip-install", "--api", "--port", str(port), "--data-dir", str(data),
+           # Forge serves only files under --data-dir: its own UI scripts too, without this.
+           "--gradio-allowed-path", str(forge),
            "--ckpt-dir", str(models / "Stable-diffusion"), "--lora-dir", str(models / "Lora")]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(
