@@ -22,7 +22,7 @@ from .routes import add_routes
 from .script import Host, script_class
 
 SAVED_NOTE = (
-    "The Ferry offload accordion reads it with *Use saved settings* on, and so do ComfyUI's "
+    "the Ferry offload accordion reads it with *Use saved settings* on, and so do ComfyUI's "
     "Ferry nodes with *use panel settings*."
 )
 NO_FORGE = (

@@ -98,7 +98,7 @@ def start_forge(data: Path, models: Path, *, with_ferry: bool = True) -> Server:
             cmd, cwd=forge, stdout=out, stderr=subprocess.STDOUT, env=_env(settings)
         )
     srv = Server(Forge(f"http://127.0.0.1:{port}"), data, log, proc, settings)
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 600
     probe = "/ferry/stats" if with_ferry else "/sdapi/v1/sd-models"
     while True:
         if proc.poll() is not None:
@@ -109,7 +109,7 @@ def start_forge(data: Path, models: Path, *, with_ferry: bool = True) -> Server:
         except OSError:
             if time.monotonic() > deadline:
                 stop_forge(srv)
-                raise ForgeStartError(f"Forge did not answer in 240 s:\n{srv.log_tail()}") from None
+                raise ForgeStartError(f"Forge did not answer in 600 s:\n{srv.log_tail()}") from None
             time.sleep(0.5)
 
 

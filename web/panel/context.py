@@ -36,7 +36,7 @@ from ...offload_core.tools.settings_file import (
     save_settings,
 )
 
-SAVED_FOR_COMFYUI = "ComfyUI's Ferry nodes with *use panel settings* read this file."
+SAVED_FOR_COMFYUI = "ComfyUI's Ferry nodes with *use panel settings* read it."
 #: Bound for the blocks-per-group slider when no model is known yet (ComfyUI, nothing loaded).
 DEFAULT_MAX_BLOCKS = 64
 

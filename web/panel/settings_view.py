@@ -94,7 +94,7 @@ def save(ctx: PanelContext, *values: Any) -> str:
         path = ctx.save(settings)
     except FerryError as e:
         return f"✖ Not saved. {e}"
-    return f"✔ Saved to `{path}`. {ctx.saved_note}"
+    return f"✔ Saved to `{path}`: {ctx.saved_note}"
 
 
 def apply(ctx: PanelContext, *values: Any) -> str:
@@ -234,7 +234,7 @@ def build_settings_tab(ctx: PanelContext, demo: gr.Blocks) -> list[Any]:
     """Builds the tab; returns the form widgets (``Form`` order) for the planner to fill."""
     gr.Markdown(
         "Ferry keeps only part of the model on the GPU and streams the rest in just before it "
-        "is needed. These settings choose how. **Save** writes them to the settings file; "
+        "is needed. These settings choose how. **Save** writes them to the settings file: "
         f"{ctx.saved_note} **Apply** re-offloads the models loaded now (between runs)."
     )
     view: dict[str, Any] = {"file_note": gr.Markdown(elem_id="ferry-settings-file")}
