@@ -1,7 +1,9 @@
 """A small client of Forge's API (``/sdapi/v1/txt2img``) and Ferry's ``/ferry/stats``.
 
 Every generation is 64x64, 2 Euler steps, CFG 5, a fixed seed, no PNG text chunk
-(``enable_pnginfo`` off), so two images are equal exactly when their PNG bytes are.
+(``enable_pnginfo`` off), so two images are equal exactly when their PNG bytes are. Each
+result also carries the latents the sampler returned (the suite's test extension serves them):
+``Image.same_as`` compares both, the latents byte for byte, which the 8-bit image could hide.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ def ferry(
 class Image:
     png: bytes
     info: dict[str, Any]
+    latents: bytes  # what the sampler returned, before the VAE (tests/forge/latents_ext)
+
+    def same_as(self, other: Image) -> bool:
+        return self.png == other.png and self.latents == other.latents
 
     @property
     def digest(self) -> str:
@@ -106,7 +112,12 @@ class Forge:
         status, out = self.post("/sdapi/v1/txt2img", body)
         if status != 200:
             raise GenerationError(status, out)
-        return Image(base64.b64decode(out["images"][0]), json.loads(out["info"]))
+        lat = self.get("/ferry-test/latents")
+        return Image(
+            base64.b64decode(out["images"][0]),
+            json.loads(out["info"]),
+            base64.b64decode(lat["data"]),
+        )
 
     def stats(self) -> dict[str, Any]:
         return dict(self.get("/ferry/stats"))

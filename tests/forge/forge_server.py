@@ -85,6 +85,8 @@ def start_forge(data: Path, models: Path, *, with_ferry: bool = True) -> Server:
     (data / "extensions").mkdir(parents=True, exist_ok=True)
     if with_ferry:
         (data / "extensions" / "ferry").symlink_to(REPO, target_is_directory=True)
+    # Both servers: the test extension that serves the last latents (not part of Ferry).
+    (data / "extensions" / "ferry-test-latents").symlink_to(HERE / "latents_ext")
     port = free_port()
     settings = data / "ferry-settings.json"
     log = data / f"forge-{port}.log"

@@ -1,8 +1,8 @@
 """Real Forge, real API: Ferry's images are Forge's images, byte for byte.
 
 The references come from a Forge started WITHOUT this extension (``plain``); then one Forge
-with it generates every case. Every image is 64x64, 2 steps, a fixed seed, PNG bytes compared
-(no text chunk). The cases run in order on one server, as a user would click through them.
+with it generates every case. Every image is 64x64, 2 steps, a fixed seed; ``same_as`` compares
+the PNG bytes (no text chunk) and the latents the sampler returned, byte for byte. The cases run in order on one server, as a user would click through them.
 """
 
 from __future__ import annotations
@@ -56,12 +56,14 @@ def test_references_depend_on_the_unet(plain: dict[str, Image]) -> None:
     assert len(colours) > 100, "a flat or saturated image would hide errors"
     digests = {k: v.digest for k, v in plain.items()}
     assert len(set(digests.values())) == len(digests), digests
+    assert len({v.latents for v in plain.values()}) == len(plain)
+    assert len(a.latents) == 4 * 8 * 8 * 4  # float32 latents of a 64x64 image
     assert "Ferry" not in a.infotext
 
 
 def test_ferry_off_in_a_forge_with_ferry_is_forge(forge: Server, plain: dict[str, Image]) -> None:
-    assert forge.forge.txt2img().png == plain["A"].png
-    assert forge.forge.txt2img(ferry(enabled=False)).png == plain["A"].png
+    assert forge.forge.txt2img().same_as(plain["A"])
+    assert forge.forge.txt2img(ferry(enabled=False)).same_as(plain["A"])
     assert offloads(forge) == [] and forge.forge.stats()["layouts"] == 0
 
 
@@ -74,7 +76,7 @@ def test_every_tier_and_level_gives_forges_image(
     before = forge.forge.stats()["layouts"]
     disk = str(tmp_path / "ferry") if tier == "disk" else ""
     img = forge.forge.txt2img(ferry(tier=tier, level=level, blocks=2, disk=disk))
-    assert img.png == plain["A"].png
+    assert img.same_as(plain["A"])
     assert (
         f'Ferry: "{level}{" 2" if level == "block" else ""}, {tier}, look-ahead 1' in img.infotext
     )
@@ -86,11 +88,11 @@ def test_every_tier_and_level_gives_forges_image(
 
 def test_unchanged_settings_keep_the_layout(forge: Server, plain: dict[str, Image]) -> None:
     args = ferry(tier="ram", blocks=3, look_ahead=2)
-    assert forge.forge.txt2img(args).png == plain["A"].png
+    assert forge.forge.txt2img(args).same_as(plain["A"])
     laid = forge.forge.stats()["layouts"]
     for seed in (2, 1):
         img = forge.forge.txt2img(args, seed=seed)
-        assert img.png == plain["A seed 2" if seed == 2 else "A"].png
+        assert img.same_as(plain["A seed 2" if seed == 2 else "A"])
     assert forge.forge.stats()["layouts"] == laid, "the same settings must not lay it out again"
     (o,) = offloads(forge)
     assert o["forwards"] == 6
@@ -98,7 +100,7 @@ def test_unchanged_settings_keep_the_layout(forge: Server, plain: dict[str, Imag
 
 def test_a_vram_budget_keeps_groups_resident(forge: Server, plain: dict[str, Image]) -> None:
     img = forge.forge.txt2img(ferry(tier="ram", budget="1.5"))
-    assert img.png == plain["A"].png and "VRAM budget 1.5 GB" in img.infotext
+    assert img.same_as(plain["A"]) and "VRAM budget 1.5 GB" in img.infotext
     (o,) = offloads(forge)
     assert 0 < o["resident_groups"] < o["groups"]
 
@@ -109,7 +111,7 @@ def test_the_disk_tier_reads_the_checkpoint_itself(
     """Checkpoint A is float32, as a CPU Forge keeps its UNet: every group is read from the
     file, so Ferry writes nothing; its RAM copy of the UNet is freed."""
     img = forge.forge.txt2img(ferry(tier="disk", disk=str(tmp_path), blocks=1))
-    assert img.png == plain["A"].png
+    assert img.same_as(plain["A"])
     (o,) = offloads(forge)
     assert o["bytes_per_tier"]["disk"] > 2.5 * (1 << 30) and o["bytes_disk"] > 0
     assert not list(tmp_path.rglob("*.safetensors")), "groups from the checkpoint write no file"
@@ -120,13 +122,13 @@ def test_lora_through_ferry_is_forges_lora(
 ) -> None:
     for args in (ferry(tier="ram"), ferry(tier="disk", disk=str(tmp_path), level="leaf")):
         img = forge.forge.txt2img(args, prompt=LORA_PROMPT)
-        assert img.png == plain["A+LoRA"].png, args
+        assert img.same_as(plain["A+LoRA"]), args
     # The LoRA changed every attention projection: those groups are no longer the file's.
     assert list(tmp_path.rglob("*.safetensors"))
     # LoRA removed, Ferry still on: the original weights come back.
-    assert forge.forge.txt2img(ferry(tier="ram")).png == plain["A"].png
+    assert forge.forge.txt2img(ferry(tier="ram")).same_as(plain["A"])
     # LoRA with Ferry switched off: Forge's own merge of it.
-    assert forge.forge.txt2img(prompt=LORA_PROMPT).png == plain["A+LoRA"].png
+    assert forge.forge.txt2img(prompt=LORA_PROMPT).same_as(plain["A+LoRA"])
 
 
 def test_switching_ferry_off_gives_forge_its_path_back(
@@ -136,7 +138,7 @@ def test_switching_ferry_off_gives_forge_its_path_back(
     assert offloads(forge)
     released = forge.forge.stats()["releases"]
     img = forge.forge.txt2img(ferry(enabled=False))
-    assert img.png == plain["A"].png and "Ferry" not in img.infotext
+    assert img.same_as(plain["A"]) and "Ferry" not in img.infotext
     assert offloads(forge) == [] and forge.forge.stats()["releases"] == released + 1
 
 
@@ -144,15 +146,15 @@ def test_a_second_checkpoint(forge: Server, plain: dict[str, Image], tmp_path: P
     """Switching checkpoints with Ferry on: A's layout is released (its folder removed) and B
     is laid out; B is float16, cast to float32 by Forge, so its groups are written."""
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-    assert forge.forge.txt2img(ferry(tier="disk", disk=str(a_dir))).png == plain["A"].png
+    assert forge.forge.txt2img(ferry(tier="disk", disk=str(a_dir))).same_as(plain["A"])
     img = forge.forge.txt2img(ferry(tier="disk", disk=str(b_dir)), ckpt=CKPT_B)
-    assert img.png == plain["B"].png
+    assert img.same_as(plain["B"])
     (o,) = offloads(forge)
     assert o["name"] == "ferry-sd15-b"
     assert not any(a_dir.rglob("*.safetensors")), "A's layout must be gone with A"
     assert len(list(b_dir.rglob("group-*.safetensors"))) == o["groups"] - o["resident_groups"]
-    assert forge.forge.txt2img(ckpt=CKPT_B).png == plain["B"].png  # and off again
-    assert forge.forge.txt2img(ferry(tier="ram"), ckpt=CKPT_A).png == plain["A"].png
+    assert forge.forge.txt2img(ckpt=CKPT_B).same_as(plain["B"])  # and off again
+    assert forge.forge.txt2img(ferry(tier="ram"), ckpt=CKPT_A).same_as(plain["A"])
 
 
 def _refused(forge: Server, args: list[Any]) -> str:
@@ -174,7 +176,7 @@ def test_refusals_name_the_control_and_the_next_generation_works(
     assert forge.forge.stats()["refusals"] >= 3
     assert offloads(forge) == []  # refused before anything was laid out
     img = forge.forge.txt2img(ferry(tier="disk", disk=str(tmp_path / "ok")))
-    assert img.png == plain["A"].png
+    assert img.same_as(plain["A"])
 
 
 @pytest.fixture
@@ -193,7 +195,7 @@ def test_use_saved_settings_reads_the_settings_file(
         f'"disk", "disk_path": "{tmp_path}", "prefetch_depth": 2}}}}\n'
     )
     img = forge.forge.txt2img(ferry(tier="ram", use_saved=True))
-    assert img.png == plain["A"].png
+    assert img.same_as(plain["A"])
     assert 'Ferry: "leaf, disk, look-ahead 2, VRAM budget none"' in img.infotext
     (o,) = offloads(forge)
     assert (o["level"], o["tier"], o["prefetch_depth"]) == ("leaf", "disk", 2)
