@@ -143,6 +143,38 @@ def test_switching_ferry_off_gives_forge_its_plain_network(session: Any) -> None
     assert type(session.sd.forge_objects.unet) is forge.UnetPatcher  # Forge's own patcher
 
 
+def test_switching_off_gives_back_forges_views_of_the_checkpoint(
+    session: Any, tmp_path: Path
+) -> None:
+    """Forge's Linear weights are views of the mapped checkpoint (page cache, not process
+    memory); after Ferry they are those views again, not copies (webui/file_views.py)."""
+    dm = session.kmodel.diffusion_model
+    names = [n for n, _ in dm.named_parameters() if n.endswith(("to_q.weight", "proj.weight"))]
+    params = [dm.get_parameter(n) for n in names]
+    raw = tmp_path / "checkpoint.bin"
+    raw.write_bytes(b"".join(p.detach().numpy().tobytes() for p in params))
+    mapped = torch.from_file(str(raw), shared=False, size=sum(p.numel() for p in params))
+    off = 0
+    for p in params:
+        p.data = mapped[off : off + p.numel()].view(p.shape)
+        off += p.numel()
+    where = {n: dm.get_parameter(n).data_ptr() for n in names}
+    plain, _ = session.run()
+    for args in (ferry(tier="ram"), ferry(tier="disk", disk=str(tmp_path / "d"), level="leaf")):
+        got, _ = session.run(args)
+        assert torch.equal(got, plain)
+        grouped = [n for n in names if not n.startswith("middle_block")]  # 1 block: outside
+        assert all(dm.get_parameter(n).data_ptr() != where[n] for n in grouped)  # Ferry's now
+    got, _ = session.run(ferry(enabled=False))
+    assert torch.equal(got, plain)
+    assert {n: dm.get_parameter(n).data_ptr() for n in names} == where
+    # A LoRA merged before the layout changes those bytes: that weight stays Ferry's copy.
+    session.run(ferry(tier="ram"), lora_patches=lora())
+    session.layout.release()
+    lora_key = LORA_KEYS[0].removeprefix("diffusion_model.")
+    assert dm.get_parameter(lora_key).data_ptr() != where[lora_key]
+
+
 def test_lora_is_merged_as_forge_merges_it(session: Any, tmp_path: Path) -> None:
     plain, _ = session.run()
     plain_lora, _ = session.run(lora_patches=lora())

@@ -29,8 +29,10 @@ from torch import nn
 from ..offload_core import OffloadHandle, apply_offload, find_offload, plan_offload
 from ..offload_core.model.plan import OffloadPlan
 from ..offload_core.policy import OffloadPolicy
+from ..offload_core.runtime.memory import release_freed_memory
 from ..web.panel.context import meta_twin
 from .controls import ForgeOffload
+from .file_views import file_views, put_back
 
 ATTR = "_ferry_forge_layout"
 #: Totals for this process (the /ferry/stats route): groups laid out, layouts released,
@@ -51,6 +53,7 @@ class UnetLayout:
         self._owner: weakref.ref[Any] | None = None
         self._twin: nn.Module | None = None
         self._plans: dict[tuple[OffloadPolicy, str], OffloadPlan] = {}
+        self._views: dict[str, torch.Tensor] = {}
 
     @staticmethod
     def of(kmodel: nn.Module) -> UnetLayout:
@@ -110,9 +113,15 @@ class UnetLayout:
         self.plan(offload.policy, device)  # every check, before anything moves
         self.release()
         prepare()
-        self.handle = apply_offload(
-            self.module, offload.policy, onload_device=device, name=offload.name, progress=progress
-        )
+        self._views = file_views(self.module)  # put back on release (file_views.py)
+        try:
+            self.handle = apply_offload(
+                self.module, offload.policy, onload_device=device, name=offload.name,
+                progress=progress,
+            )  # fmt: skip
+        except BaseException:
+            self._views = {}  # apply_offload put the module back as it was
+            raise
         self.key = (offload.policy, str(device), weights_key, offload.name)
         self.layouts += 1
         COUNTS["layouts"] += 1
@@ -125,6 +134,9 @@ class UnetLayout:
         if handle is None or handle.removed:
             return False
         handle.remove()  # never stops half-way
+        views, self._views = self._views, {}
+        if put_back(self.module, views):
+            release_freed_memory()  # the copies just dropped go back to the system
         COUNTS["releases"] += 1
         return True
 

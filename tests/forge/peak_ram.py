@@ -3,9 +3,9 @@ SD 1.5-shaped float32 checkpoint (4.3 GB): the table in docs/benchmarks.md.
 
     FERRY_FORGE=/path/to/forge python tests/forge/peak_ram.py [--runs 1]
 
-Each run is a fresh Forge (CPU, the suite's launch flags) that makes two 64x64 generations:
+Each run is a fresh Forge (CPU, the suite's launch flags) that makes three 64x64 generations:
 the first loads the checkpoint (and, with Ferry, lays the UNet out), the second runs on what
-stayed. A thread reads /proc/<pid>/status every 20 ms; the table gives, per phase, the peak of
+stayed, the third with Ferry switched off (Forge's own path; the layout is released). A thread reads /proc/<pid>/status every 20 ms; the table gives, per phase, the peak of
 RssAnon (the process's own memory: what runs a machine out of RAM) and of RssFile (page cache
 mapped by the process, which the kernel can reclaim), and the peak VmRSS over the run
 (VmHWM). The images of the two runs are compared byte for byte.
@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 from forge_client import ferry  # noqa: E402
 from forge_server import forge_checkout, models_dir, start_forge, stop_forge  # noqa: E402
 
-GB = float(1 << 30)
+GIB = float(1 << 30)
 
 
 def status(pid: int) -> dict[str, int]:
@@ -79,15 +79,26 @@ def one_run(label: str, args: list[object] | None, models: Path, disk: Path) -> 
             first = srv.forge.txt2img(args)
             s.phase = "2nd generation"
             second = srv.forge.txt2img(args, seed=2)
-            time.sleep(0.2)
-            hwm = status(srv.proc.pid)["VmHWM"]
-        return {"label": label, "peaks": s.peaks, "hwm": hwm, "images": (first.png, second.png)}
+            # Ferry switched off (the same request without it): Forge's path again.
+            s.phase = "3rd generation, off"
+            third = srv.forge.txt2img(None if args is None else ferry(enabled=False), seed=3)
+            time.sleep(0.5)
+            end = status(srv.proc.pid)
+            hwm = end["VmHWM"]
+        images = (first.png, second.png, third.png)
+        return {
+            "label": label,
+            "peaks": s.peaks,
+            "hwm": hwm,
+            "end": end["RssAnon"],
+            "images": images,
+        }
     finally:
         stop_forge(srv)
 
 
-def gb(n: int) -> str:
-    return f"{n / GB:.2f}"
+def gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
 
 
 def main() -> int:
@@ -103,13 +114,16 @@ def main() -> int:
     ]
     rows = [one_run(label, args, models, disk) for _ in range(opts.runs) for label, args in cases]
     print("| run | RssAnon peak: load + 1st generation | RssAnon peak: 2nd generation "
-          "| RssFile peak: 2nd generation | VmHWM (peak VmRSS) |")  # fmt: skip
-    print("|---|---|---|---|---|")
+          "| RssFile peak: 2nd generation | RssAnon peak: 3rd generation, Ferry off "
+          "| RssAnon after it | VmHWM (peak VmRSS) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         p = r["peaks"]
-        load, gen = p["load + 1st generation"], p["2nd generation"]  # type: ignore[index]
-        print(f"| {r['label']} | {gb(load['RssAnon'])} GB | {gb(gen['RssAnon'])} GB "
-              f"| {gb(gen['RssFile'])} GB | {gb(r['hwm'])} GB |")  # type: ignore[arg-type]  # fmt: skip
+        load, gen, off = (
+            p[k] for k in ("load + 1st generation", "2nd generation", "3rd generation, off")
+        )  # type: ignore[index]
+        print(f"| {r['label']} | {gib(load['RssAnon'])} | {gib(gen['RssAnon'])} "
+              f"| {gib(gen['RssFile'])} | {gib(off['RssAnon'])} | {gib(r['end'])} | {gib(r['hwm'])} |")  # type: ignore[arg-type]  # fmt: skip
     same = all(r["images"] == rows[0]["images"] for r in rows)
     print(f"\nimages byte-identical across runs: {same}")
     return 0 if same else 1
