@@ -58,7 +58,7 @@ class UnetLayout:
     @staticmethod
     def of(kmodel: nn.Module) -> UnetLayout:
         """The layout stored on ``kmodel`` (shared by every clone), created on first use."""
-        module = kmodel.diffusion_model
+        module: nn.Module = kmodel.diffusion_model  # type: ignore[assignment]
         lay = kmodel.__dict__.get(ATTR)
         if lay is None or lay.module is not module:
             lay = UnetLayout(module)

@@ -41,6 +41,11 @@ class FerryPatcherMixin:
 
     ferry_offload: ForgeOffload | None = None
     ferry_refusal: FerryError | None = None
+    # Forge's ModelPatcher sets these (declared for the type checker only).
+    model: Any
+    lora_patches: dict[Any, Any]
+    load_device: Any
+    current_device: Any
 
     # -- helpers ---------------------------------------------------------------------------
     def _ferry_layout(self) -> UnetLayout:
