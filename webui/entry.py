@@ -25,6 +25,10 @@ SAVED_NOTE = (
     "the Ferry offload accordion reads it with *Use saved settings* on, and so do ComfyUI's "
     "Ferry nodes with *use panel settings*."
 )
+APPLY_NOTE = (
+    "**Apply** releases the UNet's layout; the next generation lays it out again with the "
+    "accordion's settings (the saved ones with *Use saved settings* on)."
+)
 NO_FORGE = (
     "Ferry: the offload accordion needs Stable Diffusion WebUI Forge (it drives Forge's UNet "
     "patcher); this WebUI has no Forge backend, so only the Ferry tab is added. To offload, "
@@ -88,6 +92,7 @@ def forge_panel_options() -> dict[str, Any]:
         "is_busy": is_busy,
         "reapply_hook": release_from_panel,
         "saved_note": SAVED_NOTE,
+        "apply_note": APPLY_NOTE,
     }
 
 

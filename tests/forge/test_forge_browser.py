@@ -70,6 +70,8 @@ def test_the_ferry_tab_renders_and_save_writes_the_settings_file(
     page.locator("#ferry-ram-plot canvas, #ferry-ram-plot svg").first.wait_for()
     # The saved values are loaded into the form, and the preview is planned on Forge's UNet.
     _wait_text(page, "#ferry-settings-file", str(server.settings))
+    intro = page.locator("#ferry-settings-intro").inner_text()
+    assert "Apply releases the UNet's layout; the next generation lays it out again" in intro
     page.locator("#ferry-tier label", has_text="Disk (SSD/NVMe)").click()
     field = page.locator("#ferry-disk-path textarea, #ferry-disk-path input").first
     field.fill(str(tmp_path / "forge-disk"))
@@ -163,6 +165,12 @@ def test_the_tab_plans_on_forges_unet_and_shows_the_live_offload(
     _wait_text(page, "#ferry-offloads", "ferry-sd15-a")
     page.wait_for_timeout(1500)  # a tick or two of the live plots
     page.locator("#tab_ferry_panel").screenshot(path=str(shots / "forge-tab.png"))
+    # Apply, between generations: the layout is released; the next generation lays it out.
+    assert server.forge.stats()["offloads"]
+    page.click("#ferry-apply")
+    msg = _wait_text(page, "#ferry-settings-status", "released")
+    assert "the next generation lays it out with the accordion's settings" in msg, msg
+    assert server.forge.stats()["offloads"] == []
 
 
 def _comfyui_helpers() -> Any:

@@ -37,6 +37,7 @@ from ...offload_core.tools.settings_file import (
 )
 
 SAVED_FOR_COMFYUI = "ComfyUI's Ferry nodes with *use panel settings* read it."
+APPLY_REOFFLOADS = "**Apply** re-offloads the models loaded now (between runs)."
 #: Bound for the blocks-per-group slider when no model is known yet (ComfyUI, nothing loaded).
 DEFAULT_MAX_BLOCKS = 64
 
@@ -98,6 +99,7 @@ class PanelContext:
         reapply_hook: Callable[[Any, OffloadPolicy], str] | None = None,
         reference: Callable[[], torch.nn.Module | None] | None = None,
         saved_note: str = SAVED_FOR_COMFYUI,
+        apply_note: str = APPLY_REOFFLOADS,
     ) -> None:
         self.settings_path = Path(settings_path) if settings_path else default_settings_path()
         self.demo = demo
@@ -110,8 +112,9 @@ class PanelContext:
         # A host whose model is known before it is offloaded (Forge's UNet) gives a meta
         # copy of it to plan previews on: reference() -> module on meta, or None.
         self.reference = reference
-        # Who reads the saved file, said after Save.
+        # Who reads the saved file, said after Save; what Apply does in this host.
         self.saved_note = saved_note
+        self.apply_note = apply_note
         self.run_lock = threading.Lock()
         self.last_status = ""
 

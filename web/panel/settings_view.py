@@ -235,7 +235,8 @@ def build_settings_tab(ctx: PanelContext, demo: gr.Blocks) -> list[Any]:
     gr.Markdown(
         "Ferry keeps only part of the model on the GPU and streams the rest in just before it "
         "is needed. These settings choose how. **Save** writes them to the settings file: "
-        f"{ctx.saved_note} **Apply** re-offloads the models loaded now (between runs)."
+        f"{ctx.saved_note} {ctx.apply_note}",
+        elem_id="ferry-settings-intro",
     )
     view: dict[str, Any] = {"file_note": gr.Markdown(elem_id="ferry-settings-file")}
     with gr.Row():
