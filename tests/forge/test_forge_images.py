@@ -62,9 +62,13 @@ def test_references_depend_on_the_unet(plain: dict[str, Image]) -> None:
 
 
 def test_ferry_off_in_a_forge_with_ferry_is_forge(forge: Server, plain: dict[str, Image]) -> None:
+    """Ferry installed but off (no args, and the accordion's off value): Forge's image, and
+    nothing laid out. Counted from here: the browser tests may have generated with Ferry
+    on in this server before (a layout they left is released by the first generation)."""
+    layouts = forge.forge.stats()["layouts"]
     assert forge.forge.txt2img().same_as(plain["A"])
     assert forge.forge.txt2img(ferry(enabled=False)).same_as(plain["A"])
-    assert offloads(forge) == [] and forge.forge.stats()["layouts"] == 0
+    assert offloads(forge) == [] and forge.forge.stats()["layouts"] == layouts
 
 
 @pytest.mark.parametrize("tier", TIERS)
