@@ -1,4 +1,4 @@
-"""A small client of Forge's API (``/sdapi/v1/txt2img``) and Ferry's ``/ferry/stats``.
+"""A small client of Forge's API (``/sdapi/v1/txt2img``, ``img2img``) and Ferry's ``/ferry/stats``.
 
 Every generation is 64x64, 2 Euler steps, CFG 5, a fixed seed, no PNG text chunk
 (``enable_pnginfo`` off), so two images are equal exactly when their PNG bytes are. Each
@@ -63,7 +63,7 @@ class Image:
 
 class GenerationError(AssertionError):
     def __init__(self, status: int, body: Any) -> None:
-        super().__init__(f"txt2img failed ({status}): {json.dumps(body)[:2000]}")
+        super().__init__(f"generation failed ({status}): {json.dumps(body)[:2000]}")
         self.status = status
         self.body = body
 
@@ -101,15 +101,29 @@ class Forge:
         self, ferry_args: list[Any] | None = None, *, ckpt: str = CKPT_A, prompt: str = PROMPT,
         seed: int = 1,
     ) -> Image:  # fmt: skip
+        return self._generate("txt2img", ferry_args, ckpt=ckpt, prompt=prompt, seed=seed)
+
+    def img2img(
+        self, ferry_args: list[Any] | None = None, *, init: bytes, denoise: float = 0.6,
+        ckpt: str = CKPT_A, seed: int = 1,
+    ) -> Image:  # fmt: skip
+        """``init`` (PNG bytes) redrawn at ``denoise``, same size and sampler as txt2img."""
+        extra = {"init_images": [base64.b64encode(init).decode()], "denoising_strength": denoise}
+        return self._generate("img2img", ferry_args, ckpt=ckpt, prompt=PROMPT, seed=seed, **extra)
+
+    def _generate(
+        self, mode: str, ferry_args: list[Any] | None, *, ckpt: str, prompt: str, seed: int,
+        **extra: Any,
+    ) -> Image:  # fmt: skip
         body: dict[str, Any] = {
             "prompt": prompt, "negative_prompt": "", "seed": seed, "steps": 2, "width": 64,
             "height": 64, "cfg_scale": 5, "sampler_name": "Euler", "scheduler": "Automatic",
             "override_settings": {"sd_model_checkpoint": ckpt, "enable_pnginfo": False},
-            "override_settings_restore_afterwards": False,
+            "override_settings_restore_afterwards": False, **extra,
         }  # fmt: skip
         if ferry_args is not None:
             body["alwayson_scripts"] = {SCRIPT: {"args": ferry_args}}
-        status, out = self.post("/sdapi/v1/txt2img", body)
+        status, out = self.post(f"/sdapi/v1/{mode}", body)
         if status != 200:
             raise GenerationError(status, out)
         lat = self.get("/ferry-test/latents")

@@ -29,12 +29,15 @@ def plain(models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, I
     srv = start_forge(tmp_path_factory.mktemp("forge-plain"), models, with_ferry=False)
     try:
         forge = srv.forge
-        return {
+        images = {
             "A": forge.txt2img(),
             "A seed 2": forge.txt2img(seed=2),
             "A+LoRA": forge.txt2img(prompt=LORA_PROMPT),
             "B": forge.txt2img(ckpt=CKPT_B),
         }
+        forge.txt2img()  # img2img's global random state: see test_img2img_gives_forges_image
+        images["A img2img"] = forge.img2img(init=images["A"].png)
+        return images
     finally:
         stop_forge(srv)
 
@@ -88,6 +91,23 @@ def test_every_tier_and_level_gives_forges_image(
     assert (o["level"], o["tier"], o["forwards"]) == (level, tier, 2)
     assert o["group_loads"] > 0
     assert forge.forge.stats()["layouts"] == before + 1
+
+
+def test_img2img_gives_forges_image(forge: Server, plain: dict[str, Image], tmp_path: Path) -> None:
+    """The accordion is in img2img too: A's image redrawn, with Ferry on, is Forge's.
+
+    Forge's img2img encodes the init image by sampling the VAE's posterior from torch's global
+    generator, which it does not seed there: it is where the last generation's noise left it
+    (rng.randn seeds it with the seed + 100000). So each server makes the same txt2img first:
+    in plain Forge, this img2img after a seed-1 generation is the same every time, and
+    different after a seed-2 one."""
+    args = ferry(tier="disk", disk=str(tmp_path), level="leaf")
+    assert forge.forge.txt2img(args).same_as(plain["A"])
+    img = forge.forge.img2img(args, init=plain["A"].png)
+    assert img.same_as(plain["A img2img"])
+    assert 'Ferry: "leaf, disk, look-ahead 1' in img.infotext, img.infotext
+    (o,) = offloads(forge)
+    assert (o["level"], o["tier"]) == ("leaf", "disk") and o["forwards"] > 0
 
 
 def test_unchanged_settings_keep_the_layout(forge: Server, plain: dict[str, Image]) -> None:
