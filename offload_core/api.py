@@ -14,12 +14,13 @@ from .policy import DiskTier, OffloadPolicy
 from .quant.report import QuantReport
 from .runtime.engine import Engine
 from .runtime.memory import device_memory, release_freed_memory
-from .runtime.stats import Counters, OffloadStats, gbps
+from .runtime.stats import Counters, OffloadStats
 from .sources.checkpoint_stream import CheckpointWeights
 from .sources.placement import Placement, Progress
 from .sources.repair import repair_group
 from .sources.streaming_placement import StreamingPlacement
 from .transfer.backend import backend_for
+from .units import gbps
 
 
 class OffloadHandle:

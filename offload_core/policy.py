@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import ConfigError
-
-GIB = 1 << 30
+from .units import GIB
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from torch.cuda._sanitizer import EventHandler
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
-from offload_core.model.layout import PAGE
+from offload_core.units import PAGE
 
 T = TypeVar("T")
 Range = tuple[int, int]  # (address, nbytes)

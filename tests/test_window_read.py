@@ -16,12 +16,13 @@ from safetensors.torch import save_file
 
 from offload_core import DiskTier, OffloadPolicy, apply_offload, load_offloaded
 from offload_core.errors import CorruptGroupFileError
-from offload_core.model.layout import PAGE, align_up
+from offload_core.model.layout import align_up
 from offload_core.sources import window_read
 from offload_core.sources.reads import CHUNK, Chunk, open_plan
 from offload_core.sources.window_read import read_window, window_for
 from offload_core.tools.demo_model import DemoDiT
 from offload_core.transfer.host_memory import host_buffer
+from offload_core.units import PAGE
 from tests.helpers import make_model, reference
 
 KiB = 1 << 10

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 import torch
 
 from ..errors import ConfigError
+from ..units import PAGE
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -45,8 +46,6 @@ if hasattr(torch, "float8_e8m0fnu"):
     DTYPES["F8_E8M0"] = torch.float8_e8m0fnu
 NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 100 << 20  # the safetensors package's own limit
-#: Ferry's group files start their data section on a page boundary (direct I/O reads).
-PAGE = 4096
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,6 @@ from ..errors import FerryError
 #: their vectorised paths from the data pointer's alignment, so weights at 8-byte-aligned
 #: offsets give different (not bit-identical) results from the resident model.
 ALIGN = 64
-#: Slabs end on a page boundary so files can be read with direct I/O.
-PAGE = 4096
 
 
 def align_up(n: int, to: int = ALIGN) -> int:

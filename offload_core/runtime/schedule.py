@@ -45,7 +45,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ..model.layout import PAGE, align_up
+from ..model.layout import align_up
+from ..units import PAGE
 
 #: The window's count cap, per unit of depth: generous, as bytes limit it first; it bounds the
 #: loads queued on the load thread.

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DiskPathError
+from ..units import GIB, MIB
 
 #: Free space kept beside the group files, so Ferry never fills a disk to the last byte.
 SPACE_MARGIN = 64 << 20
-GIB = 1 << 30
 
 
 def make_root(disk_path: str) -> tuple[Path, list[Path]]:
@@ -51,8 +51,8 @@ def check_room(root: Path, need_bytes: int, reclaim: int) -> None:
     if free < need_bytes + SPACE_MARGIN:
         raise DiskPathError(
             "disk_path",
-            f"{root} has {free / 2**30:.2f} GB free but the offloaded groups need "
-            f"{need_bytes / 2**30:.2f} GB (+{SPACE_MARGIN >> 20} MB margin); free space or "
+            f"{root} has {free / GIB:.2f} GB free but the offloaded groups need "
+            f"{need_bytes / GIB:.2f} GB (+{SPACE_MARGIN // MIB} MB margin); free space or "
             "choose a disk_path on a larger drive",
         )
 
@@ -101,7 +101,7 @@ class FolderCheck:
 
 def size_text(n: int) -> str:
     # Small test models would all read "0.00 GB".
-    return f"{n / GIB:.2f} GB" if n >= GIB // 10 else f"{n / (1 << 20):.1f} MB"
+    return f"{n / GIB:.2f} GB" if n >= GIB // 10 else f"{n / MIB:.1f} MB"
 
 
 def check_disk_folder(text: str | None, needed_bytes: int | None = None) -> FolderCheck:

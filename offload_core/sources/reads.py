@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import ConfigError, CorruptGroupFileError
-from ..model.layout import PAGE
+from ..units import GIB, PAGE
 
 if TYPE_CHECKING:
     from .window_read import Window
@@ -44,7 +44,7 @@ log = logging.getLogger("ferry")
 #: Checksums are kept per chunk of this many bytes (and checked reads issued per chunk).
 CHUNK = 16 << 20
 #: An unchecked read joins contiguous chunks into requests of at most this many bytes.
-RUN = 1 << 30
+RUN = GIB
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import CorruptGroupFileError
-from ..model.layout import PAGE, align_up
+from ..model.layout import align_up
+from ..units import PAGE
 from .reads import Chunk, ReadPlan, bytes_view, damaged_hint
 
 #: The bounce buffer's size: 16 MiB pieces read as fast as one request per window here.

@@ -28,7 +28,8 @@ import torch
 
 from ..errors import ConfigError
 from ..model.plan import plan_offload
-from ..policy import GIB, BlockLevel, DiskTier, OffloadPolicy, RamTier, Tier
+from ..policy import BlockLevel, DiskTier, OffloadPolicy, RamTier, Tier
+from ..units import GIB
 from .measure import measure_policy
 
 #: Builds a fresh model and the keyword inputs of one forward: ``model(**inputs)``.
