@@ -1,6 +1,6 @@
 """Where an O_DIRECT read lands changes how fast the disk delivers it: cold reads of one file
 in large requests (a block-level group each) into differently made host memory, in shuffled
-order per round, median GB/s. [Note: where a direct read lands] (offload_core/transfer/
+order per round, median GB/s. [Note: where a direct read lands] (offload_core/disk/
 host_memory.py) says why.
 
     python -m bench.read_destination [--size-gb 2.5] [--request-mb 340] [--rounds 5]
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from bench.probes import drop_page_cache
-from offload_core.transfer.host_memory import _page_aligned, host_buffer
+from offload_core.disk.host_memory import _page_aligned, host_buffer
 
 MiB = 1 << 20
 

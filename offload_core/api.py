@@ -15,10 +15,11 @@ from .quant.report import QuantReport
 from .runtime.engine import Engine
 from .runtime.memory import device_memory, release_freed_memory
 from .runtime.stats import Counters, OffloadStats
+from .sources.checkpoint_origin import CheckpointOrigin
 from .sources.checkpoint_stream import CheckpointWeights
+from .sources.origin import ModelOrigin
 from .sources.placement import Placement, Progress
 from .sources.repair import repair_group
-from .sources.streaming_placement import StreamingPlacement
 from .transfer.backend import backend_for
 from .units import gbps
 
@@ -142,11 +143,8 @@ def apply_offload(
     plan = plan_offload(model, policy, onload_device=onload_device)
     name = _unique_name(name or type(model).__name__)
     backend = backend_for(plan.device)
-    placement = (
-        Placement(model, plan, backend, name)
-        if weights is None
-        else StreamingPlacement(model, plan, backend, name, weights)
-    )
+    origin = ModelOrigin() if weights is None else CheckpointOrigin(weights)
+    placement = Placement(model, plan, backend, name, origin)
     placement.build(progress)  # restores everything itself if it fails
     release_freed_memory()
     counters = Counters()

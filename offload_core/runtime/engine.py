@@ -73,11 +73,6 @@ class Engine:
         self.never_ran: list[str] = []
         self._hooks: list[Any] = []
 
-    @property
-    def arena(self) -> torch.Tensor | None:
-        """The device ring the slots are regions of (None: no group needs a slot)."""
-        return self.transfers.arena
-
     # -- hooks ----------------------------------------------------------------------------
     def install(self) -> None:
         # Under torch.compile the hooks run eagerly (a graph break per group): they swap
@@ -138,7 +133,7 @@ class Engine:
         for p in planned:
             g = self.groups[p.group]
             slot = self.transfers.slot_at(p.offset, p.size) if g.source.uses_slot else None
-            ready = g.source.load(self.transfers, slot, p.step)
+            ready = g.source.load(self.transfers, slot)
             self.inflight[p.step] = Load(p, g, slot, ready)
 
     def _activate(self, load: Load) -> None:
@@ -151,7 +146,7 @@ class Engine:
             if self.repair is None or not self.repair(load.group):
                 raise
             g = load.group
-            load.ready = g.source.load(self.transfers, load.slot, load.planned.step)
+            load.ready = g.source.load(self.transfers, load.slot)
             self.transfers.wait_ready(load.ready)
         if load.slot is not None:
             load.group.to_slot(load.slot)

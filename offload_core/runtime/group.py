@@ -8,7 +8,7 @@ import torch
 
 from ..model.grouping import GroupSpec
 from ..model.layout import Entry
-from ..sources.base import WeightSource
+from .source import WeightSource
 
 if TYPE_CHECKING:
     from ..transfer.buffers import Slot
