@@ -50,6 +50,7 @@ class Engine:
         counters: Counters,
         staged: bool,
         repair: Callable[[GroupRuntime], bool] | None = None,
+        read_threads: int = 4,
     ) -> None:
         self.root = root
         #: Rewrites a damaged group's file from its source of truth (sources/repair.py).
@@ -66,6 +67,7 @@ class Engine:
             counters,
             self.schedule.ring_bytes if slotted else 0,
             (prefetch_depth + 1, slot_bytes) if staged else None,
+            read_threads,
         )
         self._ids = {id(g): i for i, g in enumerate(groups)}  # a group's number in the schedule
         self.inflight: dict[int, Load] = {}  # by step: the loads the schedule planned
