@@ -13,7 +13,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DiskPathError
+from ..errors import ConfigError, DiskPathError
+from ..policy import parse_disk_path
 from ..units import GIB, MIB
 
 #: Free space kept beside the group files, so Ferry never fills a disk to the last byte.
@@ -76,8 +77,6 @@ def make_folder(root: Path, folder: Path) -> None:
 # asks access(): it never creates, writes or deletes anything. The applying path above keeps
 # its own create + real-write probe, because access() can be wrong (ACLs, some network mounts).
 
-_ASK_FOR_FOLDER = "type a folder on a fast disk (an SSD/NVMe), e.g. /mnt/nvme/ferry"
-
 
 @dataclass(frozen=True)
 class FolderCheck:
@@ -107,16 +106,11 @@ def size_text(n: int) -> str:
 def check_disk_folder(text: str | None, needed_bytes: int | None = None) -> FolderCheck:
     """Checks ``text`` as the disk tier's folder for ``needed_bytes`` of group files (plus
     ``SPACE_MARGIN``): a full path, a folder or creatable, writable, roomy. Read-only."""
-    raw = (text or "").strip()
-    if not raw:
-        return FolderCheck(False, _ASK_FOR_FOLDER)
-    if "\x00" in raw:
-        # Path.exists() answers False for a NUL byte instead of failing: catch it here.
-        return FolderCheck(False, "not a usable path (it contains a NUL character)")
     try:
-        path = Path(raw).expanduser()
-        if not path.is_absolute():
-            return FolderCheck(False, f"use a full path (starting with / or a drive), not {raw!r}")
+        path = Path(parse_disk_path(text)).expanduser()  # the setting's one parser first
+    except ConfigError as e:
+        return FolderCheck(False, str(e).removeprefix(f"{e.setting}: "))
+    try:
         problem, anchor = _why_unusable(path)
         if problem:
             return FolderCheck(False, problem, path)
