@@ -87,6 +87,7 @@ def main() -> int:
     p.add_argument("--levels", default="block", help="block, leaf or both (block,leaf)")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/ferry-ab"))
     a = p.parse_args()
+    a.workdir = a.workdir.resolve()  # the disk tier takes full paths only
     if a.this is not None:
         core_a = import_other(a.this.resolve(), "offload_core_a")
     else:

@@ -256,7 +256,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    workdir = Path(args.workdir or os.environ.get("FERRY_BENCH_DIR", "/tmp/ferry-bench"))
+    workdir = Path(args.workdir or os.environ.get("FERRY_BENCH_DIR", "/tmp/ferry-bench")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     if args.model:
         base = FLUX_GPU if device.type != "cpu" else FLUX_CPU

@@ -318,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = replace(spec, dtype=a.dtype)
     txt = a.txt_tokens if a.txt_tokens is not None else max(a.tokens // 4, 1)
     inp = models.InputSpec(a.tokens, txt)
-    m = harness.machine(Path(a.workdir).parent)
-    results, nbytes = measure(spec, inp, names, a.later, Path(a.workdir))
+    m = harness.machine(Path(a.workdir).resolve().parent)
+    results, nbytes = measure(spec, inp, names, a.later, Path(a.workdir).resolve())
     cmd = " ".join(["python -m bench.load_memory", *(argv if argv is not None else sys.argv[1:])])
     lines = [
         report.machine_line(m),

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = models.ModelSpec(a.model, a.dtype, a.layers, a.single_layers, a.heads, size_gb=a.size_gb)
     txt = a.txt_tokens if a.txt_tokens is not None else max(a.tokens // 4, 1)
     inp = models.InputSpec(a.tokens, txt)
-    result = run(spec, inp, names, a.rounds, Path(a.workdir), device)
+    result = run(spec, inp, names, a.rounds, Path(a.workdir).resolve(), device)
     text = (
         f"{spec.label}; {a.tokens} image + {txt} text tokens; onload {device}; "
         f"{a.rounds} rounds, forwards alternating in one process.\n\n"
