@@ -71,7 +71,8 @@ class Engine:
         )
         self._ids = {id(g): i for i, g in enumerate(groups)}  # a group's number in the schedule
         self.inflight: dict[int, Load] = {}  # by step: the loads the schedule planned
-        self.current: GroupRuntime | None = None
+        #: The load computing now: its group, the slot its tensors point into, its region.
+        self.current: Load | None = None
         self.never_ran: list[str] = []
         self._hooks: list[Any] = []
 
@@ -114,7 +115,7 @@ class Engine:
 
     # -- the schedule, carried out ------------------------------------------------------------
     def enter(self, g: GroupRuntime) -> None:
-        if g is self.current:
+        if self.current is not None and g is self.current.group:
             return
         if torch.is_grad_enabled() and g.requires_grad:
             raise InferenceOnlyError(
@@ -152,16 +153,16 @@ class Engine:
             self.transfers.wait_ready(load.ready)
         if load.slot is not None:
             load.group.to_slot(load.slot)
-        self.current = load.group
+        self.current = load
 
     def _release_current(self) -> None:
-        g, self.current = self.current, None
-        if g is None:
+        load, self.current = self.current, None
+        if load is None:
             return
-        if g.slot is not None:
-            self.transfers.slot_done(g.slot)
-            g.to_host()
-        g.source.release()  # a mapped group's pages go (its forward has returned)
+        if load.slot is not None:
+            self.transfers.slot_done(load.slot)
+            load.group.to_host()
+        load.group.source.release()  # a mapped group's pages go (its forward has returned)
 
     def _drop(self, planned: list[Planned]) -> None:
         """Loads that will not be used. Reads still running finish first: their regions
@@ -172,7 +173,7 @@ class Engine:
                 load.ready.result()
             except Exception as e:  # the read is not used; a later read of it reports it
                 log.debug("ferry: a dropped prefetch of %s failed: %s", load.group.name, e)
-            if load.group is not self.current:
+            if self.current is None or load.group is not self.current.group:
                 load.group.source.discard()
 
     def _abort(self) -> None:

@@ -29,7 +29,6 @@ issued.
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -41,6 +40,7 @@ from ..disk.plan import ReadPlan
 from ..disk.reader import ReadClock, Reader
 from .backend import Backend
 from .buffers import Slot, Staging
+from .timings import DeviceTimings
 
 
 class Tally(ReadClock, Protocol):
@@ -85,8 +85,7 @@ class Transfers:
             ]
         for st in self.stagings:
             self._free_stagings.put(st)
-        self._timings: list[tuple[str, Any, Any]] = []
-        self._timings_lock = threading.Lock()
+        self.timings = DeviceTimings(counters)
 
     def slot_at(self, offset: int, size: int) -> Slot:
         """The region ``offset .. offset + size`` of the ring, as a slot."""
@@ -134,7 +133,7 @@ class Transfers:
             b.wait(compute, event)
             if pair is not None:
                 compute.record_event(pair[1])
-                self._timed("stall", pair)
+                self.timings.timed("stall", pair)
         self.counters.add(stall_s=waited, group_loads=1)
 
     def slot_done(self, slot: Slot) -> None:
@@ -171,7 +170,7 @@ class Transfers:
             ready = b.record(stream)
             if pair is not None:
                 stream.record_event(pair[1])
-                self._timed("h2d", pair)
+                self.timings.timed("h2d", pair)
                 self.counters.add(bytes_h2d=nbytes)
             else:
                 spent = time.perf_counter() - t0
@@ -193,28 +192,13 @@ class Transfers:
             self._free_stagings.put(staging)
 
     # -- device timings -----------------------------------------------------------------------
-    def _timed(self, kind: str, pair: tuple[Any, Any]) -> None:
-        with self._timings_lock:
-            self._timings.append((kind, pair[0], pair[1]))
-
     def resolve_timings(self) -> None:
         """Adds the device-timed intervals that have finished to the counters."""
-        with self._timings_lock:
-            pending, self._timings = self._timings, []
-        keep = []
-        for kind, start, end in pending:
-            if not end.query():
-                keep.append((kind, start, end))
-                continue
-            seconds = start.elapsed_time(end) / 1000.0
-            self.counters.add(**({"stall_s": seconds} if kind == "stall" else {"h2d_s": seconds}))
-        with self._timings_lock:
-            self._timings = keep + self._timings
+        self.timings.resolve()
 
     def flush_timings(self) -> None:
-        if self._timings:
-            self.backend.host_wait(self.backend.record(self.backend.compute_stream()))
-            self.resolve_timings()
+        b = self.backend
+        self.timings.flush(lambda: b.host_wait(b.record(b.compute_stream())))
 
     def close(self) -> None:
         """After the engine is quiet: the reader's threads joined, buffers released."""
