@@ -119,13 +119,16 @@ def main() -> int:
                 times[name].append(seconds)
                 equal[name] &= torch.equal(out, ref)
             print(f"  round {r + 1}/{a.rounds}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items()), flush=True)  # fmt: skip
-    for h in handles:
-        h.remove()
     title = (
         f"Flux 4+8 blocks fp32, {a.tokens}+{a.txt_tokens} tokens, {a.rounds} rounds, cold page "
         f"cache; A = {a.this or 'this checkout'}, B = {a.other}"
     )
-    print("\n" + report.ab_table(times, equal, paths, title))
+    print("\n" + report.ab_table(times, equal, paths, title), flush=True)
+    # One at a time, each model let go once removed: remove() puts a model back in RAM, and
+    # eight of them at once outgrow it.
+    for h in handles:
+        h.remove()
+        runs.pop(next(k for k, (m, _) in runs.items() if m is h.model))
     return 0
 
 
