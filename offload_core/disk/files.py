@@ -8,7 +8,8 @@ nothing else to read a file.
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -43,9 +44,25 @@ class FileBackend(Protocol):
         ...
 
 
-@functools.cache
-def files() -> FileBackend:
-    """This platform's backend."""
-    from .posix import PosixFiles
+_chosen: list[FileBackend] = []
 
-    return PosixFiles()
+
+def files() -> FileBackend:
+    """This platform's backend (or the one ``using`` put in place)."""
+    if not _chosen:
+        from .posix import PosixFiles
+
+        _chosen.append(PosixFiles())
+    return _chosen[-1]
+
+
+@contextmanager
+def using(backend: FileBackend) -> Iterator[FileBackend]:
+    """Every file call inside the block goes to ``backend`` (tests; a platform's backend
+    is chosen in ``files`` instead)."""
+    files()
+    _chosen.append(backend)
+    try:
+        yield backend
+    finally:
+        _chosen.remove(backend)
