@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
+from ..offload_core.policy import parse_disk_path
 from ..offload_core.sources.disk_folder import check_disk_folder
 
 SECTION = "Ferry offload"
@@ -172,29 +173,28 @@ def offload_from_controls(
     if not c["enabled"]:
         return None
     if c["use_saved"]:
-        try:
+        try:  # the file holds a full disk folder where the tier is disk (its parser checks)
             policy = load_saved().policy
         except ConfigError as e:
             raise as_control_error(e, saved=True) from None
-        if policy.tier_name == "disk" and not policy.tier.path.strip():  # type: ignore[union-attr]
-            policy = replace(policy, tier=replace(policy.tier, path=default_disk_path))
         return ForgeOffload(policy, name, from_saved=True)
     level, tier = c["level"], c["tier"]
     if level not in LEVELS:
         raise ControlError("level", f"must be one of {list(LEVELS)}, got {level!r}")
     if tier not in TIERS:
         raise ControlError("tier", f"must be one of {list(TIERS)}, got {tier!r}")
-    disk = tier == "disk"
-    path = str(c["disk_path"] or "").strip() or default_disk_path
-    flat = {
-        "level": level,
-        "blocks_per_group": c["blocks_per_group"],
-        "tier": tier,
-        "disk_path": path if disk else None,
-        "prefetch_depth": c["prefetch_depth"],
-        "vram_budget_gb": c["vram_budget"],
-    }
     try:
+        # Each value goes through its setting's one parser (offload_core/policy.py): the disk
+        # folder here (empty is the WebUI's default folder), the rest in from_dict.
+        path = parse_disk_path(c["disk_path"], default_disk_path) if tier == "disk" else None
+        flat = {
+            "level": level,
+            "blocks_per_group": c["blocks_per_group"],
+            "tier": tier,
+            "disk_path": path,
+            "prefetch_depth": c["prefetch_depth"],
+            "vram_budget_gb": c["vram_budget"],
+        }
         return ForgeOffload(OffloadPolicy.from_dict(flat), name)
     except ConfigError as e:
         raise as_control_error(e) from None
