@@ -15,9 +15,10 @@ py="$venv/bin/python"
 if [ ! -x "$py" ]; then
   python3 -m venv "$venv"
 fi
-# Reinstall only when a requirements file changed since the last install.
+# Reinstall only when a requirements file changed since the last install (not the second
+# Gradio's file: it goes into its own venv, below, and must not reinstall this one).
 stamp="$venv/.ferry-stamp"
-want=$(cat constraints.txt requirements*.txt | sha256sum | cut -c1-16)
+want=$(cat constraints.txt $(ls requirements*.txt | grep -vx requirements-gradio4.txt) | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "ferry: installing into $venv (torch==2.13.0 first, then the rest constrained to it)"
   "$py" -m pip install -q --disable-pip-version-check torch==2.13.0
