@@ -153,7 +153,10 @@ class OffloadBinding:
             quarantine(self.module, err)  # so does a plain one (the Ferry node bypassed)
             raise err from e
         finally:
-            self.handle, self.key, self._owner = None, None, None
+            # A RestoreIncompleteError leaves the offload live (nothing dropped): kept, so
+            # the next release tries again.
+            if self.handle.removed:
+                self.handle, self.key, self._owner = None, None, None
         return True
 
     # -- the load_models_gpu handshake (see the Note above) ---------------------------------
