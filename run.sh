@@ -42,11 +42,12 @@ case "$job" in
       tests/test_faults.py tests/test_recovery.py tests/test_lifecycle.py tests/test_mapped.py
       tests/test_window_read.py tests/test_stream_load.py tests/test_stream_memory.py
       tests/test_stream_quant.py tests/test_descriptor_limit.py tests/test_host_memory.py
-      tests/test_quant_offload.py tests/test_nodes_recovery.py tests/test_settings_parsers.py)
+      tests/test_quant_offload.py tests/test_nodes_recovery.py tests/test_nodes_binding.py
+      tests/test_settings_parsers.py)
     status=0
     for standin in ${1:-windows macos}; do
       echo "ferry: the I/O tests under the $standin stand-in"
-      PYTHONPATH="tests/platform_site${PYTHONPATH:+:$PYTHONPATH}" FERRY_PLATFORM_STANDIN=$standin \
+      PYTHONPATH="$PWD/tests/platform_site${PYTHONPATH:+:$PYTHONPATH}" FERRY_PLATFORM_STANDIN=$standin \
         "$py" -m pytest -q "${io_tests[@]}" || status=1
     done
     exit $status

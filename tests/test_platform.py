@@ -258,3 +258,18 @@ def test_a_group_file_held_by_another_program_never_fails_remove(tmp_path, monke
     third = apply_offload(model, OffloadPolicy(tier=tier), onload_device="cpu")
     third.remove()
     assert not folder.exists() and not other.exists(), "the leftover was reclaimed, all deleted"
+
+
+def test_a_stand_in_reaches_child_processes() -> None:
+    """Under a stand-in (bash run.sh platforms), the processes tests start (the memory-limit
+    workers, ComfyUI-free node checks) run under it too, from any folder."""
+    import subprocess
+    import sys
+
+    standin = os.environ.get("FERRY_PLATFORM_STANDIN")
+    if not standin:
+        pytest.skip("not under a platform stand-in")
+    code = "import os, mmap; print(hasattr(os, 'preadv'), hasattr(os, 'O_DIRECT'), hasattr(mmap, 'MADV_DONTNEED'))"
+    out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True)
+    want = {"windows": "False False False", "macos": "True False False"}[standin]
+    assert out.stdout.strip() == want, out.stdout + out.stderr
