@@ -129,7 +129,7 @@ def _ferry(
     prefetch = opts.get("prefetch", 1)
     read_threads = 4
     for e in extras:
-        if e.startswith("p"):
+        if e[:1] == "p" and e[1:].isdigit():
             prefetch = int(e[1:])
         elif e.startswith("t"):
             read_threads = int(e[1:])
@@ -171,7 +171,9 @@ def _ferry(
         files = [Path(folder)] if folder else []
         if ckpt:
             files.append(checkpoint)
-    return Applied(files=files, stats=stats, notes=list(handle.plan.notes), cleanup=handle.remove)
+    return Applied(
+        files=files, stats=stats, notes=list(handle.stats().notes), cleanup=handle.remove
+    )
 
 
 def _diffusers(
