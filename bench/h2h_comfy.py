@@ -43,7 +43,11 @@ PACK_DIR_NAME = "ComfyUI-Ferry"  # hyphenated, as ComfyUI-Manager names the fold
 def setup(comfy_dir: str, device_type: str, async_offload: bool) -> None:
     """Imports ComfyUI with its arguments set as the command line would set them."""
     sys.path.insert(0, comfy_dir)  # before the repo root: ComfyUI's `nodes`, not the pack's
-    for name in ("torchvision", "av"):  # imported at module level, unused on this path
+    for name in (
+        "torchvision",
+        "torchaudio",
+        "av",
+    ):  # imported at module level, unused on this path
         stub_if_missing(name)
     _fake_server()
     import comfy.cli_args

@@ -12,6 +12,9 @@ overrides the loading verbs, no global monkeypatching. What ComfyUI sees:
   in float32, with its rounding) and only then laid out, so a LoRA after Ferry gives the same
   output as without Ferry. A patch change lays the groups out again.
 - ``clone()`` keeps the class and the config, so every node after Ferry keeps the offload.
+- Under dynamic VRAM (ComfyUI >= 0.15 on NVIDIA) Ferry drives the model's non-dynamic delegate
+  (dynamic.py); vram_budget "auto" counts free what ComfyUI counts free, and Ferry's pinned
+  slabs count in ComfyUI's pinned-memory budget (comfy_core.py).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ..offload_core import ApiUseError, ConfigError, FerryError
 from ..offload_core.model.layout import module_nbytes
+from ..offload_core.runtime.memory import fmt_bytes
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
+from . import comfy_core
 from .binding import OffloadBinding
 from .config import FerryConfig, NodeInputError, as_node_error
-from .dynamic import plain_patcher
+from .dynamic import DYNAMIC_VRAM_HELP, plain_patcher, say_once
 from .pusher import ensure_pushing
 from .recovery import KEY as RECOVERY_KEY
 from .recovery import ModelReloadError, for_node, guard, has_meta, in_prompt, refuse_lost
@@ -45,7 +50,10 @@ class FerryPatcherMixin:
 
     # -- helpers ---------------------------------------------------------------------------
     def _ferry_binding(self) -> OffloadBinding:
-        return OffloadBinding.of(self.model, self.model.diffusion_model)
+        b = OffloadBinding.of(self.model, self.model.diffusion_model)
+        b.free_vram = comfy_core.free_vram(self)
+        b.count_pinned = comfy_core.count_pinned
+        return b
 
     def _ferry_release(self) -> bool:
         if not hasattr(self.model, "diffusion_model"):
@@ -205,6 +213,7 @@ class FerryPatcherMixin:
                 outside += module_nbytes(m)
             if changed:
                 log.info("ferry: laid out %s\n%s", cfg.name, binding.handle.plan.describe())
+                _say_if_ram_cache_drops_models()
             self._ferry_account(device, binding.device_bytes() + outside)
             for callback in self.get_all_callbacks(CallbacksMP.ON_LOAD):
                 callback(self, device_to, lowvram_model_memory, force_patch_weights, full_load)
@@ -263,11 +272,31 @@ def ferry_patcher_class(base: type) -> type:
     return _classes[base]
 
 
-def ferry_clone(model: Any, config: FerryConfig) -> Any:
-    """A clone of the MODEL ``model`` whose loads go through Ferry with ``config``."""
+def _say_if_ram_cache_drops_models() -> None:
+    short = comfy_core.ram_cache_shortfall()
+    if short is not None:
+        available, headroom = short
+        say_once("ram-cache", RAM_CACHE_HELP.format(fmt_bytes(available), fmt_bytes(headroom)))
+
+
+RAM_CACHE_HELP = (
+    "Ferry Offload Model: ComfyUI's RAM-pressure cache (its default) keeps {1} of RAM free and "
+    "{0} is available now, so after each node it drops cached models, this one included: the "
+    "next prompt loads the model and Ferry lays it out again. To keep it, use Ferry's disk tier "
+    "(the least RAM), or start ComfyUI with --cache-ram followed by a headroom in GB below "
+    "what is free (e.g. --cache-ram 1), or with --cache-classic."
+)
+
+
+def ferry_clone(model: Any, config: FerryConfig) -> Any | None:
+    """A clone of the MODEL ``model`` whose loads go through Ferry with ``config``; None where
+    the model must stay ComfyUI's (dynamic VRAM with no plain copy: said once, with the flag)."""
     if not hasattr(getattr(model, "model", None), "diffusion_model"):
         raise NodeInputError("model", "is not a diffusion model (it has no diffusion_model)")
-    src = plain_patcher(model)  # ComfyUI >= 0.15 with dynamic VRAM: see dynamic.py
+    src, why = plain_patcher(model)  # ComfyUI >= 0.15 with dynamic VRAM: see dynamic.py
+    if src is None:
+        say_once("dynamic-vram", DYNAMIC_VRAM_HELP.format(why=why or ""))
+        return None
     n = src.clone()
     n.__class__ = ferry_patcher_class(type(src))
     n.ferry_config = config
