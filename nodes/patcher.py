@@ -47,6 +47,7 @@ class FerryPatcherMixin:
     """Put in front of the input MODEL's own patcher class (see ``ferry_patcher_class``)."""
 
     ferry_config: FerryConfig | None = None
+    _ferry_collected = False
 
     # -- helpers ---------------------------------------------------------------------------
     def _ferry_binding(self) -> OffloadBinding:
@@ -64,6 +65,9 @@ class FerryPatcherMixin:
             if in_prompt():
                 raise  # the node error says what happened and that the model reloads
             return True  # logged once, reload requested; ComfyUI's worker must not die
+
+    def _ferry_laid_out(self) -> bool:
+        return hasattr(self.model, "diffusion_model") and self._ferry_binding().live
 
     def _ferry_release_on_detach(self) -> bool:
         return hasattr(
@@ -223,7 +227,7 @@ class FerryPatcherMixin:
     def partially_unload(
         self, device_to: Any, memory_to_free: int = 0, *args: Any, **kwargs: Any
     ) -> int:
-        if self.ferry_config is None:
+        if self.ferry_config is None and not self._ferry_laid_out():
             return super().partially_unload(device_to, memory_to_free, *args, **kwargs)  # type: ignore[misc]
         # Freeing part of a layout would mean moving groups behind the engine's back. Reporting
         # nothing freed makes ComfyUI unload the whole model instead (detach -> release).
@@ -245,11 +249,21 @@ class FerryPatcherMixin:
 
     def detach(self, unpatch_all: bool = True) -> Any:
         # See binding.py: a full unload releases; a detach releases only when no Ferry reload
-        # with the same config follows and this patcher owns the layout (or nobody does).
+        # with the same config follows and this patcher owns the layout (or nobody does). A
+        # Ferry patcher being garbage-collected (its cached node output dropped because the
+        # node ran again) leaves that to its Ferry parent: see [Note: the anchor].
+        if not unpatch_all and self._ferry_collected and _is_ferry(self.parent):
+            return super().detach(unpatch_all)  # type: ignore[misc]
         release = unpatch_all or self._ferry_release_on_detach()
         if release and self._ferry_release():
             self.model.model_loaded_weight_memory = 0
         return super().detach(unpatch_all)  # type: ignore[misc]
+
+    def __del__(self) -> None:
+        self._ferry_collected = True
+        super_del = getattr(super(), "__del__", None)
+        if super_del is not None:
+            super_del()
 
 
 # comfy_api.torch_helpers' wrapper key (a string there too; not imported: older cores lack it).
@@ -288,6 +302,36 @@ RAM_CACHE_HELP = (
 )
 
 
+# [Note: the anchor]
+# ComfyUI caches a node's output and drops it when the node runs again; a dropped patcher is
+# garbage-collected, and its __del__ detaches it. ComfyUI's LoadedModel then switches to the
+# patcher's ``parent`` (LoadedModel._switch_parent), and every later load of the same model
+# detaches that parent (load_models_gpu's is_clone loop). A Ferry node that runs again with the
+# same config (its panel settings saved anew, an input upstream changed and changed back) makes
+# its new patcher before the old one is collected: releasing the layout on that collection
+# would lay the model out again for nothing. So each Ferry patcher's parent is a config-less
+# Ferry patcher of the same model, the *anchor*, kept on the input MODEL (cached upstream, so
+# it outlives the Ferry outputs; no reference cycle): a collected Ferry patcher leaves the
+# layout to the anchor, whose detach (the next load of anything else) or unload releases it
+# exactly as the owner's would have, and which a Ferry patcher with the same config keeps.
+ANCHOR = "ferry_anchor"
+
+
+def _is_ferry(p: Any) -> bool:
+    return isinstance(p, FerryPatcherMixin)
+
+
+def _anchor(model: Any, src: Any) -> Any:
+    a = model.__dict__.get(ANCHOR)
+    if a is None or a.model is not src.model:
+        a = src.clone()
+        a.__class__ = ferry_patcher_class(type(src))
+        a.ferry_config = None
+        a.parent = None  # the end of LoadedModel's chain: lives as long as the input MODEL
+        model.__dict__[ANCHOR] = a
+    return a
+
+
 def ferry_clone(model: Any, config: FerryConfig) -> Any | None:
     """A clone of the MODEL ``model`` whose loads go through Ferry with ``config``; None where
     the model must stay ComfyUI's (dynamic VRAM with no plain copy: said once, with the flag)."""
@@ -300,6 +344,7 @@ def ferry_clone(model: Any, config: FerryConfig) -> Any | None:
     n = src.clone()
     n.__class__ = ferry_patcher_class(type(src))
     n.ferry_config = config
+    n.parent = _anchor(model, src)
     if guard not in n.get_wrappers(WrappersMP.APPLY_MODEL, RECOVERY_KEY):
         n.add_wrapper_with_key(WrappersMP.APPLY_MODEL, RECOVERY_KEY, guard)
     return n

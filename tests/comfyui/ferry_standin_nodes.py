@@ -11,7 +11,9 @@ server's environment, FERRY_STANDIN=<comma list>; with none set it does nothing.
   ``get_non_dynamic_delegate`` is core's own (``ModelPatcherDynamic.get_non_dynamic_delegate``,
   the function itself, not a copy). Core's own path needs what it asks of aimdo:
   ``comfy_aimdo.model_mmap.ModelMMAP`` (``comfy.utils.load_safetensors`` maps the file through
-  it) is stood in for by a private mapping of the file with Python's mmap.
+  it) is stood in for by a private mapping of the file with Python's mmap, and
+  ``comfy_aimdo.host_buffer.HostBuffer`` (built per dynamic model after every node) by an
+  empty one.
 - ``lora-fp16``: ``comfy.model_management.lora_compute_dtype`` answers float16 for the CPU, as
   it does for most NVIDIA cards (``should_use_fp16``), through core's own cache of it.
 
@@ -58,6 +60,15 @@ class StandInModelMMAP:
 
     def bounce(self):
         return True
+
+
+class StandInHostBuffer:
+    """comfy_aimdo.host_buffer.HostBuffer as core builds one for each dynamic model after every
+    node (``comfy.model_management.reset_cast_buffers``): it holds no memory (aimdo's pinned
+    host buffers are what this stand-in cannot show); nothing here reads through it."""
+
+    def __init__(self, size, prewarm=0, max_grow_size=0, mark_cold=True):
+        self.size = 0
 
 
 class StandInDynamicPatcher(comfy.model_patcher.ModelPatcher):
@@ -119,9 +130,11 @@ class FerryTestLoaderWithoutReload:
 NODE_CLASS_MAPPINGS = {}
 if "aimdo" in SWITCHES and hasattr(comfy.model_patcher, "ModelPatcherDynamic"):
     import comfy.memory_management
+    import comfy_aimdo.host_buffer
     import comfy_aimdo.model_mmap
 
     comfy_aimdo.model_mmap.ModelMMAP = StandInModelMMAP
+    comfy_aimdo.host_buffer.HostBuffer = StandInHostBuffer
     comfy.model_patcher.CoreModelPatcher = StandInDynamicPatcher
     comfy.memory_management.aimdo_enabled = True
     comfy.sd.load_diffusion_model = _counted_load
