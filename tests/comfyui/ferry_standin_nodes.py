@@ -156,7 +156,9 @@ async def _loads_route(request):
             **_loads,
             "switches": sorted(SWITCHES),
             "aimdo_enabled": bool(getattr(cm, "aimdo_enabled", False)),
-            "core_patcher": comfy.model_patcher.CoreModelPatcher.__name__,
+            "core_patcher": getattr(
+                comfy.model_patcher, "CoreModelPatcher", comfy.model_patcher.ModelPatcher
+            ).__name__,
             "total_pinned": int(getattr(comfy.model_management, "TOTAL_PINNED_MEMORY", 0)),
         }
     )

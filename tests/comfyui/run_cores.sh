@@ -16,6 +16,15 @@ if [ -n "${FERRY_PY:-}" ]; then py=$FERRY_PY
 elif [ -x .venv/bin/python ]; then py=.venv/bin/python
 else py=python3
 fi
+# The head-to-head's dyn-* rows need a core with dynamic VRAM: the first given one that has it.
+if [ -z "${FERRY_COMFYUI_DYNAMIC:-}" ]; then
+  for core in "${cores[@]}"; do
+    if grep -q "def get_non_dynamic_delegate" "$core/comfy/model_patcher.py" 2>/dev/null; then
+      export FERRY_COMFYUI_DYNAMIC=$core
+      break
+    fi
+  done
+fi
 logs=${FERRY_CORES_LOG:-/tmp/ferry-cores}
 mkdir -p "$logs"
 status=0
