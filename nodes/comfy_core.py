@@ -24,11 +24,6 @@ except ImportError:
     core_memory = None  # type: ignore[assignment]
 
 
-def aimdo_enabled() -> bool:
-    """ComfyUI's dynamic VRAM is on (v0.15+ on NVIDIA/AMD; never on a CPU)."""
-    return bool(getattr(core_memory, "aimdo_enabled", False))
-
-
 def string_to_seed(key: str) -> int:
     # Moved to comfy.utils; the old name in comfy.model_patcher warns on every call (v0.33).
     fn = getattr(comfy.utils, "string_to_seed", None) or comfy.model_patcher.string_to_seed

@@ -311,9 +311,10 @@ RAM_CACHE_HELP = (
 # its new patcher before the old one is collected: releasing the layout on that collection
 # would lay the model out again for nothing. So each Ferry patcher's parent is a config-less
 # Ferry patcher of the same model, the *anchor*, kept on the input MODEL (cached upstream, so
-# it outlives the Ferry outputs; no reference cycle): a collected Ferry patcher leaves the
-# layout to the anchor, whose detach (the next load of anything else) or unload releases it
-# exactly as the owner's would have, and which a Ferry patcher with the same config keeps.
+# it outlives the Ferry outputs): a collected Ferry patcher leaves the layout to the anchor,
+# whose detach (the next load of anything else), unload or own collection releases it exactly
+# as the owner's would have, and which a Ferry patcher with the same config keeps. The anchor's
+# parent is the input's parent, so LoadedModel's chain ends where it ended without Ferry.
 ANCHOR = "ferry_anchor"
 
 
@@ -327,7 +328,9 @@ def _anchor(model: Any, src: Any) -> Any:
         a = src.clone()
         a.__class__ = ferry_patcher_class(type(src))
         a.ferry_config = None
-        a.parent = None  # the end of LoadedModel's chain: lives as long as the input MODEL
+        # LoadedModel's chain goes on to where the input's own would (no reference cycle: the
+        # input holds the anchor, the anchor holds only the input's ancestors).
+        a.parent = getattr(model, "parent", None)
         model.__dict__[ANCHOR] = a
     return a
 

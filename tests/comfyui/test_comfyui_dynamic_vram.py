@@ -190,6 +190,11 @@ def test_finding4_cores_quantized_formats_load_through_core(
 ) -> None:
     want = ref(plain, server, refs, loader=unet(name))
     assert not torch.equal(want, ref(plain, server, refs))
+    # A torchao preset on a file core has quantized already: said before any work.
+    q = graph([], "f4q-preset", loader=ferry_loader(name, "int8-weight", cache=True))
+    entry = plain.run(q)
+    assert entry["status"]["status_str"] == "error"
+    assert "quant_preset: " in error_message(entry) and "already quantized" in error_message(entry)
     servers = [server]
     if HAS_AIMDO:
         servers.append(request.getfixturevalue("standin"))
