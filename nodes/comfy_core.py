@@ -6,6 +6,7 @@ names the core function it follows. Nothing else in the pack tests for a core ve
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -78,11 +79,13 @@ def free_vram(patcher: Any) -> Callable[[torch.device], int | None]:
     ``comfy_aimdo.model_vbar.vbars_analyze``), else ``comfy.model_management.get_free_memory``.
     None on a CPU: there is no VRAM to budget (offload_core's own rule)."""
 
+    ref = weakref.ref(patcher)  # kept on the BaseModel's binding: must not keep the patcher
+
     def free(device: torch.device) -> int | None:
         device = torch.device(device)
         if device.type == "cpu":
             return None
-        fn = getattr(patcher, "get_free_memory", None)
+        fn = getattr(ref(), "get_free_memory", None)
         return int(fn(device) if callable(fn) else mm.get_free_memory(device))
 
     return free

@@ -9,8 +9,8 @@ overrides the loading verbs, no global monkeypatching. What ComfyUI sees:
 - ``partially_unload`` frees nothing piecemeal (ComfyUI would move Ferry's groups behind its
   back); ComfyUI then unloads the model entirely, which releases Ferry's device memory.
 - LoRA and other weight patches are computed the way ComfyUI computes them (on the load device,
-  in float32, with its rounding) and only then laid out, so a LoRA after Ferry gives the same
-  output as without Ferry. A patch change lays the groups out again.
+  in the dtype that core computes them in, with its rounding) and only then laid out, so a LoRA
+  after Ferry gives the same output as without Ferry. A patch change lays the groups out again.
 - ``clone()`` keeps the class and the config, so every node after Ferry keeps the offload.
 - Under dynamic VRAM (ComfyUI >= 0.15 on NVIDIA) Ferry drives the model's non-dynamic delegate
   (dynamic.py); vram_budget "auto" counts free what ComfyUI counts free, and Ferry's pinned
