@@ -63,8 +63,9 @@ def _streamed(
     path: str, preset: str, cache: bool, device: torch.device, progress: Progress
 ) -> Any | None:
     """The streaming path, or None where this file needs ComfyUI's own loader."""
-    sd = _meta_state_dict(read_checkpoint_header(path))
-    config = comfy.model_detection.model_config_from_unet(sd, "")
+    header = read_checkpoint_header(path)
+    sd = _meta_state_dict(header)
+    config = comfy.model_detection.model_config_from_unet(sd, "", metadata=header.metadata)
     if config is None:
         return None
     load_device = mm.get_torch_device()

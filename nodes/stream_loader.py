@@ -87,10 +87,13 @@ def _meta_sd(path: str) -> dict[str, torch.Tensor]:
     return {k: torch.empty(e.shape, dtype=e.dtype, device="meta") for k, e in entries.items()}
 
 
-def _configured(sd: dict[str, torch.Tensor], dtype: torch.dtype | None) -> Any | None:
-    """The model config as load_diffusion_model_state_dict sets it (None: not detected as is).
-    Only called for files in no quantized format of core's, so the weight dtype is the file's."""
-    config = comfy.model_detection.model_config_from_unet(sd, "")
+def _configured(
+    sd: dict[str, torch.Tensor], dtype: torch.dtype | None, metadata: dict[str, str]
+) -> Any | None:
+    """The model config as load_diffusion_model_state_dict sets it (None: not detected as is),
+    from the tensors and the file's metadata (some models keep their config there). Only
+    called for files in no quantized format of core's, so the weight dtype is the file's."""
+    config = comfy.model_detection.model_config_from_unet(sd, "", metadata=metadata)
     if config is None:
         return None
     load_device = mm.get_torch_device()
@@ -128,7 +131,8 @@ def lazy_diffusion_model(
     ``quantize(dm)`` plans a torchao preset on the meta network (``plan_quantized``): its
     Linears are then quantized group by group as they are read."""
     sd = _meta_sd(path)
-    quant_format = core_quant_format(sd, read_checkpoint_header(path).metadata)
+    metadata = read_checkpoint_header(path).metadata
+    quant_format = core_quant_format(sd, metadata)
     if quant_format is not None:
         _not_lazy(path, f"ComfyUI's {quant_format} format, which its loader converts")
         return None
@@ -138,7 +142,7 @@ def lazy_diffusion_model(
         sd = stripped
     else:
         prefix = ""
-    config = _configured(sd, WEIGHT_DTYPES[weight_dtype])
+    config = _configured(sd, WEIGHT_DTYPES[weight_dtype], metadata)
     if config is None or set(config.process_unet_state_dict(dict(sd))) != set(sd):
         return None  # a diffusers layout or renamed keys: ComfyUI converts them in RAM
     try:
