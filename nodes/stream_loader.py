@@ -111,12 +111,10 @@ def core_quant_format(keys: Any, metadata: dict[str, str]) -> str | None:
     """Which of ComfyUI's own quantized checkpoint formats the file is in (None: none)."""
     if "_quantization_metadata" in metadata:
         return "comfy_quant"
-    for k in keys:
-        if k.endswith("scaled_fp8"):
-            return "fp8_scaled"
-        if k.endswith(_CORE_QUANT_KEYS):
-            return "comfy_quant"
-    return None
+    keys = list(keys)
+    if any(k.endswith("scaled_fp8") for k in keys):
+        return "fp8_scaled"
+    return "comfy_quant" if any(k.endswith(_CORE_QUANT_KEYS) for k in keys) else None
 
 
 def _not_lazy(path: str, why: str) -> None:
