@@ -194,7 +194,9 @@ def test_finding4_cores_quantized_formats_load_through_core(
     q = graph([], "f4q-preset", loader=ferry_loader(name, "int8-weight", cache=True))
     entry = plain.run(q)
     assert entry["status"]["status_str"] == "error"
-    assert "quant_preset: " in error_message(entry) and "already quantized" in error_message(entry)
+    fmt = "fp8_scaled" if "fp8scaled" in name else "comfy_quant"
+    assert "quant_preset: " in error_message(entry), error_message(entry)
+    assert f"already quantized (ComfyUI's {fmt} format)" in error_message(entry)
     servers = [server]
     if HAS_AIMDO:
         servers.append(request.getfixturevalue("standin"))
