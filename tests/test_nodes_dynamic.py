@@ -157,6 +157,37 @@ def test_no_delegate_says_what_to_switch_once(caplog: pytest.LogCaptureFixture) 
     assert [r.getMessage().count("--disable-dynamic-vram") for r in caplog.records] == [1]
 
 
+class OlderDynamicPatcher:
+    """A dynamic patcher of a core before the cached delegate: v0.15-era cores have
+    ``clone(disable_dynamic=True)`` only; the first dynamic-VRAM cores (0.12) not even that."""
+
+    def __init__(self, delegate: object) -> None:
+        self.delegate = delegate
+        self.model = BaseModel()
+
+    def is_dynamic(self) -> bool:
+        return True
+
+    def clone(self, disable_dynamic: bool = False) -> object:
+        if isinstance(self.delegate, Exception):
+            raise self.delegate
+        return self.delegate if disable_dynamic else self
+
+
+def test_older_dynamic_cores_get_a_delegate_or_say_what_to_switch() -> None:
+    plain = Patcher(BaseModel(), dynamic=False)
+    assert dynamic.plain_patcher(OlderDynamicPatcher(plain)) == (plain, None)
+    for failure in (
+        RuntimeError("Cannot create non-dynamic delegate"),
+        TypeError("clone() got an unexpected keyword argument 'disable_dynamic'"),
+    ):
+        src, why = dynamic.plain_patcher(OlderDynamicPatcher(failure))
+        assert src is None and str(failure) in str(why)
+    # A "delegate" that is dynamic still: Ferry must not drive it either.
+    still = OlderDynamicPatcher(None)
+    assert dynamic.plain_patcher(OlderDynamicPatcher(still)) == (None, "")
+
+
 def _cfg(tier: str = "ram", vram_budget: str = "auto") -> object:
     policy = config.policy_from_inputs(
         level="block", blocks_per_group=1, tier=tier, disk_path="", prefetch_depth=1,
