@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from bench import models, probes
+from bench import harness, models, probes, report
 
 
 def import_other(checkout: Path, name: str = "offload_core_b") -> ModuleType:
@@ -88,18 +87,16 @@ def main() -> int:
     p.add_argument("--levels", default="block", help="block, leaf or both (block,leaf)")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/ferry-ab"))
     a = p.parse_args()
+    a.workdir = a.workdir.resolve()  # the disk tier takes full paths only
     if a.this is not None:
         core_a = import_other(a.this.resolve(), "offload_core_a")
     else:
         import offload_core as core_a
     core_b = import_other(a.other.resolve())
     spec = models.ModelSpec("flux", "fp32", layers=4, single_layers=8, heads=12)
-    a.workdir.mkdir(parents=True, exist_ok=True)
-    ckpt = a.workdir / "ab-model.safetensors"
-    built = models.build_model(spec)
-    models.save_checkpoint(built, ckpt)
-    x = models.make_inputs(spec, models.InputSpec(a.tokens, a.txt_tokens), built)
-    del built
+    inp = models.InputSpec(a.tokens, a.txt_tokens)
+    prep = harness.prepare(spec, a.workdir / "ab-model.safetensors", inp)
+    ckpt, x = prep.checkpoint, prep.inputs
     runs: dict[str, tuple[Any, list[Path]]] = {"resident": (models.load_model(spec, ckpt), [])}
     handles = []
     paths = [f"{lv}-{p}" for lv in a.levels.split(",") for p in a.paths.split(",")]
@@ -122,26 +119,17 @@ def main() -> int:
                 times[name].append(seconds)
                 equal[name] &= torch.equal(out, ref)
             print(f"  round {r + 1}/{a.rounds}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items()), flush=True)  # fmt: skip
+    title = (
+        f"Flux 4+8 blocks fp32, {a.tokens}+{a.txt_tokens} tokens, {a.rounds} rounds, cold page "
+        f"cache; A = {a.this or 'this checkout'}, B = {a.other}"
+    )
+    print("\n" + report.ab_table(times, equal, paths, title), flush=True)
+    # One at a time, each model let go once removed: remove() puts a model back in RAM, and
+    # eight of them at once outgrow it.
     for h in handles:
         h.remove()
-    print_table(times, equal, paths, a)
+        runs.pop(next(k for k, (m, _) in runs.items() if m is h.model))
     return 0
-
-
-def _median_ratio(num: list[float], den: list[float]) -> tuple[float, float, float]:
-    ratios = [n / d for n, d in zip(num, den)]
-    return statistics.median(ratios), min(ratios), max(ratios)
-
-
-def print_table(times: dict[str, list[float]], equal: dict[str, bool], paths: list[str], a: Any) -> None:  # fmt: skip
-    print(f"\nFlux 4+8 blocks fp32, {a.tokens}+{a.txt_tokens} tokens, {a.rounds} rounds, cold page cache; A = {a.this or 'this checkout'}, B = {a.other}\n")  # fmt: skip
-    print("| level-read path | A x resident | B x resident | A / B, median (range) | equal A, B |")
-    print("|---|---|---|---|---|")
-    for path in paths:
-        ta, tb, res = times[f"A-{path}"], times[f"B-{path}"], times["resident"]
-        ra, rb, ab = _median_ratio(ta, res), _median_ratio(tb, res), _median_ratio(ta, tb)
-        eq = f"{'yes' if equal[f'A-{path}'] else 'NO'}, {'yes' if equal[f'B-{path}'] else 'NO'}"
-        print(f"| {path} | {ra[0]:.3f} | {rb[0]:.3f} | {ab[0]:.3f} ({ab[1]:.2f}-{ab[2]:.2f}) | {eq} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from offload_core import (
 )
 from offload_core.formats.safetensors import read_header
 from offload_core.quant import load_quantized, presets_for_device, quantize_model
-from offload_core.quant.builders import demo_build
+from offload_core.tools.builders import demo_build
 from offload_core.tools.demo_model import build_demo_model, demo_inputs
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

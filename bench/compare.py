@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -33,10 +31,8 @@ from typing import Any
 
 import torch
 
-from bench import models, modes, probes
-from offload_core.runtime.memory import fmt_bytes
-
-REPO = Path(__file__).resolve().parents[1]
+from bench import harness, models, modes, probes, report
+from offload_core.units import GB, GIB, fmt_bytes
 
 CPU_MODES = [
     "resident",
@@ -132,56 +128,6 @@ def suite(name: str, device: torch.device) -> list[Run]:
     ]
 
 
-# -- the machine ------------------------------------------------------------------------------
-def machine(workdir: Path) -> dict[str, Any]:
-    import psutil
-
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = {"torch": torch.__version__}
-    for pkg in ("diffusers", "accelerate", "safetensors"):
-        try:
-            versions[pkg] = __import__(pkg).__version__
-        except ImportError:
-            versions[pkg] = "not installed"
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {
-        "cpu": cpu,
-        "cores": len(os.sched_getaffinity(0)),
-        "torch_threads": torch.get_num_threads(),
-        "ram": psutil.virtual_memory().total,
-        "disk": _disk_of(workdir),
-        "gpu": gpu,
-        "python": platform.python_version(),
-        "versions": versions,
-        "load": os.getloadavg(),
-    }
-
-
-def _disk_of(path: Path) -> str:
-    try:
-        dev = os.stat(path).st_dev
-        major, minor = os.major(dev), os.minor(dev)
-        sys_dev = Path(f"/sys/dev/block/{major}:{minor}").resolve()
-        name = sys_dev.name
-        queue = sys_dev / "queue" if (sys_dev / "queue").exists() else sys_dev.parent / "queue"
-        rot = (queue / "rotational").read_text().strip() == "1"
-        fs = "?"
-        for line in Path("/proc/mounts").read_text().splitlines():
-            parts = line.split()
-            if parts[0].endswith(name):
-                fs = parts[2]
-        return f"/dev/{name} ({fs}, rotational={int(rot)})"
-    except OSError:
-        return "?"
-
-
 # -- running ---------------------------------------------------------------------------------
 def calibrate(
     spec: models.ModelSpec, model: torch.nn.Module, target_s: float, echo: Any
@@ -213,18 +159,23 @@ def run_one(
     ckpt = workdir / "model.safetensors"
     inputs_file = workdir / "inputs.pt"
     echo(f"  building {run.model.label} ...")
-    model = models.build_model(run.model)
-    nbytes = models.param_bytes(model)
-    n_params = sum(p.numel() for p in model.parameters())
-    models.save_checkpoint(model, ckpt)
+
+    def inputs(model: torch.nn.Module) -> models.InputSpec:
+        if run.inputs.tokens:
+            return run.inputs
+        nbytes = models.param_bytes(model)
+        return calibrate(run.model, model, nbytes / (raw_gbps * GB), echo)
+
+    prep = harness.prepare(run.model, ckpt, inputs)
+    nbytes, n_params = prep.nbytes, prep.params
     if run.inputs.tokens == 0:
-        run = replace(run, inputs=calibrate(run.model, model, nbytes / (raw_gbps * 1e9), echo))
+        run = replace(run, inputs=prep.input_spec)
         run = replace(
             run,
             title=f"{run.title}: {run.inputs.tokens} image + {run.inputs.txt_tokens} text tokens",
         )
-    torch.save(models.make_inputs(run.model, run.inputs, model), inputs_file)
-    del model
+    torch.save(prep.inputs, inputs_file)
+    del prep
     echo(f"  {n_params / 1e6:.0f} M parameters, {fmt_bytes(nbytes)}")
     results = []
     for mode in run.modes:
@@ -233,7 +184,7 @@ def run_one(
             results.append({"mode": mode, "skipped": why})
             echo(f"  {mode:24s} skipped: {why}")
             continue
-        mdir = fresh_dir(workdir, mode)
+        mdir = harness.fresh_dir(workdir, mode)
         job = {
             "mode": mode,
             "model": run.model.as_dict(),
@@ -246,7 +197,7 @@ def run_one(
             "opts": opts,
             "result_file": str(mdir / "result.json"),
         }
-        res = spawn("bench.worker", job)
+        res = harness.spawn("bench.worker", job)
         results.append(res)
         if "error" in res:
             echo(f"  {mode:24s} FAILED\n{res['error']}")
@@ -260,7 +211,7 @@ def run_one(
         for p in mdir.iterdir():
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
-    _judge(results)
+    harness.judge(results)
     results_meta = {"params": n_params, "bytes": nbytes}
     for r in results:
         r.update(results_meta)
@@ -268,185 +219,9 @@ def run_one(
     return run, results
 
 
-def fresh_dir(workdir: Path, mode: str) -> Path:
-    """An empty folder for one mode's files."""
-    mdir = workdir / mode.replace("+", "_")
-    shutil.rmtree(mdir, ignore_errors=True)
-    mdir.mkdir()
-    return mdir
-
-
-def spawn(module: str, job: dict[str, Any]) -> dict[str, Any]:
-    """Runs ``python -m module '<job>'`` (a fresh process, bench.worker.main) and returns the
-    result it wrote to ``job["result_file"]``, with its outputs loaded and ``wall_s``."""
-    env = dict(
-        os.environ,
-        TORCHAO_FORCE_SKIP_LOADING_SO_FILES="1",
-        PYTHONPATH=str(REPO),
-        HF_HUB_OFFLINE="1",
-    )
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", module, json.dumps(job)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    rfile = Path(job["result_file"])
-    if rfile.exists():
-        res: dict[str, Any] = json.loads(rfile.read_text())
-    else:
-        res = {"mode": job["mode"], "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
-    res["wall_s"] = time.perf_counter() - t0
-    if "out_file" in res:
-        res["outputs"] = torch.load(res["out_file"])
-    return res
-
-
 def _base(results: list[dict[str, Any]]) -> int | None:
     bases = [r["base_rss"]["rss_anon"] for r in results if "base_rss" in r]
     return max(bases) if bases else None
-
-
-def _judge(results: list[dict[str, Any]]) -> None:
-    ref = next((r for r in results if r["mode"] == "resident" and "outputs" in r), None)
-    base = ref["outputs"]["last"] if ref is not None else None
-    for r in results:
-        if "outputs" not in r:
-            continue
-        if base is None:
-            r["equal"] = None
-            continue
-        outs = (r["outputs"]["first"], r["outputs"]["last"])
-        r["equal"] = all(torch.equal(o, base) for o in outs)
-        if not r["equal"]:
-            r["max_diff"] = max(float((o.float() - base.float()).abs().max()) for o in outs)
-        del r["outputs"]
-
-
-# -- the table -------------------------------------------------------------------------------
-def _gb(n: float | None) -> str:
-    return "-" if not n else f"{n / 1e9:.2f} GB"
-
-
-def table(
-    results: list[dict[str, Any]], raw_disk: float, pinned_h2d: float | None
-) -> tuple[str, str]:
-    res = next((r for r in results if r["mode"] == "resident" and "seconds" in r), None)
-    base = res["seconds"] if res else None
-    head = (
-        "mode", "s/forward", "x resident", "peak RssAnon", "RssAnon trimmed", "peak RssFile", "peak VRAM",
-        "disk read/fwd", "disk GB/s (% raw)", "to device/fwd", "H2D GB/s (% pinned)", "equal",
-    )  # fmt: skip
-    rows = []
-    for r in results:
-        if "skipped" in r or "error" in r:
-            why = r.get("skipped") or "FAILED (see log)"
-            rows.append((r["mode"], why, *[""] * (len(head) - 2)))
-            continue
-        s = r["seconds"]
-        disk = r["disk_read_per_fwd"]
-        dev = r["to_device_per_fwd"]
-        disk_rate = disk / s / 1e9 if disk > 1 << 20 else None
-        dev_rate = dev / s / 1e9 if dev else None
-        eq = r.get("equal")
-        rows.append(
-            (
-                r["mode"],
-                f"{s:.3f}",
-                f"{s / base:.2f}" if base else "-",
-                fmt_bytes(r["peak_rss"]["rss_anon"]),
-                fmt_bytes(r["trimmed_rss"]["rss_anon"]),
-                fmt_bytes(r["peak_rss"]["rss_file"]),
-                fmt_bytes(r["peak_vram"]),
-                _gb(disk) if disk > 1 << 20 else "-",
-                f"{disk_rate:.2f} ({disk_rate / raw_disk:.0%})" if disk_rate else "-",
-                _gb(dev),
-                f"{dev_rate:.2f} ({dev_rate / pinned_h2d:.0%})" if dev_rate and pinned_h2d else "-",
-                "-" if eq is None else ("yes" if eq else f"NO ({r.get('max_diff', 0):.1e})"),
-            )
-        )
-    main = _md(head, rows)
-    fhead = (
-        "Ferry mode", "groups", "prefetch", "stall s/fwd", "transfer s/fwd", "overlap",
-        "in-read disk GB/s (% raw)", "on-demand loads",
-    )  # fmt: skip
-    frows = []
-    for r in results:
-        f = r.get("ferry")
-        if not f:
-            continue
-        overlap = 1 - f["stall_s"] / f["transfer_s"] if f["transfer_s"] > 0 else None
-        in_read = f["bytes_disk"] / f["disk_s"] / 1e9 if f["disk_s"] > 0 else None
-        frows.append(
-            (
-                r["mode"],
-                str(f["groups"]),
-                str(f["prefetch_depth"]),
-                f"{f['stall_s']:.3f}",
-                f"{f['transfer_s']:.3f}",
-                f"{max(0.0, overlap):.0%}" if overlap is not None else "-",
-                f"{in_read:.2f} ({in_read / raw_disk:.0%})" if in_read else "-",
-                f"{f['on_demand_loads']:.0f}",
-            )
-        )
-    return main, _md(fhead, frows) if frows else ""
-
-
-def _md(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-
-    def line(cells: tuple[str, ...]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(head), sep, *map(line, rows)])
-
-
-def verdict(results: list[dict[str, Any]]) -> str:
-    """The issue's comparisons, for every Ferry disk mode: time against resident and against
-    the faster peer disk offloader; peak RssAnon against the lowest peer's; and the RAM the
-    weights hold above the no-model baseline (RssAnon + RssFile: a peer that computes from
-    mmapped files holds its weights as RssFile) against the lowest peer's."""
-    ok = [r for r in results if "seconds" in r]
-    ferry = [r for r in ok if r["mode"].startswith("ferry-") and modes.is_disk(r["mode"])]
-    peers = [r for r in ok if not r["mode"].startswith("ferry-") and modes.is_disk(r["mode"])]
-    res = next((r for r in ok if r["mode"] == "resident"), None)
-    if not ferry or not peers:
-        return ""
-
-    def anon(r: dict[str, Any]) -> int:
-        return int(r["peak_rss"]["rss_anon"])
-
-    def held(r: dict[str, Any]) -> int:
-        base = r["base_rss"]
-        return int(
-            r["peak_rss"]["rss_anon"]
-            - base["rss_anon"]
-            + r["peak_rss"]["rss_file"]
-            - base["rss_file"]
-        )
-
-    fast = min(peers, key=lambda r: r["seconds"])
-    lean = min(peers, key=anon)
-    lean_held = min(peers, key=held)
-    head = (
-        "Ferry disk mode", "x resident", f"x faster than {fast['mode']}",
-        f"RssAnon / {lean['mode']}'s", f"weights RAM / {lean_held['mode']}'s",
-    )  # fmt: skip
-    rows = [
-        (
-            r["mode"],
-            f"{r['seconds'] / res['seconds']:.2f}" if res else "-",
-            f"{fast['seconds'] / r['seconds']:.2f}",
-            f"{fmt_bytes(anon(r))} / {fmt_bytes(anon(lean))} = {anon(r) / anon(lean):.2f}",
-            f"{fmt_bytes(held(r))} / {fmt_bytes(held(lean_held))} = "
-            f"{held(r) / max(held(lean_held), 1):.2f}",
-        )
-        for r in ferry
-    ]
-    return _md(head, rows)
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -481,7 +256,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    workdir = Path(args.workdir or os.environ.get("FERRY_BENCH_DIR", "/tmp/ferry-bench"))
+    workdir = Path(args.workdir or os.environ.get("FERRY_BENCH_DIR", "/tmp/ferry-bench")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     if args.model:
         base = FLUX_GPU if device.type != "cpu" else FLUX_CPU
@@ -524,15 +299,15 @@ def main(argv: list[str] | None = None) -> int:
         runs = [replace(r, forwards=args.forwards) for r in runs]
     opts = {"prefetch": args.prefetch, "blocks_per_group": args.blocks_per_group}
 
-    report: list[str] = []
+    lines_out: list[str] = []
     raw: list[dict[str, Any]] = []
 
     def echo(s: str = "") -> None:
         print(s, flush=True)
 
     started = time.time()
-    m = machine(workdir)
-    echo(f"machine: {m['cpu']}, {m['cores']} cores, {m['ram'] / 2**30:.0f} GiB RAM, GPU {m['gpu']}")
+    m = harness.machine(workdir)
+    echo(f"machine: {m['cpu']}, {m['cores']} cores, {m['ram'] / GIB:.0f} GiB RAM, GPU {m['gpu']}")
     echo(f"probing the raw disk read bandwidth of {m['disk']} ...")
     disk = probes.probe_disk(workdir)
     h2d = probes.probe_pinned_h2d() if device.type == "cuda" else None
@@ -541,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         f"4 threads {disk.four_threads_gbps:.2f}, 1 MiB reads {disk.dd_like_gbps:.2f}); "
         f"pinned H2D: {f'{h2d:.1f} GB/s' if h2d else 'n/a (no CUDA)'}"
     )
-    report += _header(m, disk, h2d, device, argv)
+    lines_out += _header(m, disk, h2d, device, argv)
     failed = False
     for run in runs:
         echo(f"\n## {run.title}")
@@ -551,54 +326,66 @@ def main(argv: list[str] | None = None) -> int:
             "error" in r or (r.get("equal") is False and r["mode"].startswith("ferry"))
             for r in results
         )
-        main_t, ferry_t = table(results, disk.raw_gbps, h2d)
-        r0 = results[0]
-        res = next((r for r in results if r["mode"] == "resident" and "seconds" in r), None)
-        cold_read = r0.get("bytes", 0) / (disk.raw_gbps * 1e9)
-        lines = [
-            f"### {run.title}",
-            "",
-            f"{run.model.label}: {r0.get('params', 0) / 1e6:.0f} M parameters, "
-            f"{fmt_bytes(r0.get('bytes'))}; {run.inputs.tokens} image + {run.inputs.txt_tokens} "
-            f"text tokens, batch {run.inputs.batch}; onload {device}; {run.forwards} timed "
-            "forwards per mode after one warm-up. Process baseline (libraries imported, no "
-            f"model): RssAnon {fmt_bytes(_base(results))}.",
-            f"Cold read of all weights at the raw disk rate: {cold_read:.2f} s"
-            + (
-                f"; resident forward: {res['seconds']:.2f} s "
-                f"(compute / cold read = {res['seconds'] / cold_read:.1f})"
-                if res
-                else ""
-            )
-            + ".",
-            "",
-            main_t,
-            "",
-        ]
-        if ferry_t:
-            lines += [ferry_t, ""]
-        v = verdict(results)
-        if v:
-            lines += [v, ""]
-        notes = sorted({n for r in results for n in r.get("notes", [])})
-        if notes:
-            lines += ["Notes: " + "; ".join(notes), ""]
+        lines = _section(run, results, disk, h2d, device)
         echo("\n".join(lines))
-        report += lines
+        lines_out += lines
     m_end = os.getloadavg()
-    report.append(
+    lines_out.append(
         f"Total {time.time() - started:.0f} s; load average at the start {m['load'][0]:.2f}, "
         f"at the end {m_end[0]:.2f}."
     )
-    echo(report[-1])
+    echo(lines_out[-1])
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text("\n".join(report) + "\n")
+        Path(args.out).write_text("\n".join(lines_out) + "\n")
         Path(args.out).with_suffix(".json").write_text(
             json.dumps({"machine": m, "disk": disk.__dict__, "h2d": h2d, "runs": raw}, indent=1)
         )
         echo(f"report written to {args.out}")
     return 1 if failed else 0
+
+
+def _section(
+    run: Run,
+    results: list[dict[str, Any]],
+    disk: probes.DiskProbe,
+    h2d: float | None,
+    device: torch.device,
+) -> list[str]:
+    """One run's part of the report: what ran, its tables, the verdict, the notes."""
+    main_t, ferry_t = report.forward_tables(results, disk.raw_gbps, h2d)
+    r0 = results[0]
+    res = next((r for r in results if r["mode"] == "resident" and "seconds" in r), None)
+    cold_read = r0.get("bytes", 0) / (disk.raw_gbps * GB)
+    lines = [
+        f"### {run.title}",
+        "",
+        f"{run.model.label}: {r0.get('params', 0) / 1e6:.0f} M parameters, "
+        f"{fmt_bytes(r0.get('bytes'))}; {run.inputs.tokens} image + {run.inputs.txt_tokens} "
+        f"text tokens, batch {run.inputs.batch}; onload {device}; {run.forwards} timed "
+        "forwards per mode after one warm-up. Process baseline (libraries imported, no "
+        f"model): RssAnon {fmt_bytes(_base(results))}.",
+        f"Cold read of all weights at the raw disk rate: {cold_read:.2f} s"
+        + (
+            f"; resident forward: {res['seconds']:.2f} s "
+            f"(compute / cold read = {res['seconds'] / cold_read:.1f})"
+            if res
+            else ""
+        )
+        + ".",
+        "",
+        main_t,
+        "",
+    ]
+    if ferry_t:
+        lines += [ferry_t, ""]
+    v = report.peer_verdict(results, modes.is_disk)
+    if v:
+        lines += [v, ""]
+    notes = sorted({n for r in results for n in r.get("notes", [])})
+    if notes:
+        lines += ["Notes: " + "; ".join(notes), ""]
+    return lines
 
 
 def _header(
@@ -607,12 +394,8 @@ def _header(
     cmd = "python -m bench.compare " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
     )
-    v = m["versions"]
     return [
-        f"Machine: {m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads), "
-        f"{m['ram'] / 2**30:.0f} GiB RAM, disk {m['disk']}, GPU {m['gpu'] or 'none'}; "
-        f"Python {m['python']}, torch {v['torch']}, diffusers {v['diffusers']}, "
-        f"accelerate {v['accelerate']}, safetensors {v['safetensors']}.",
+        report.machine_line(m, threads=True, python=True),
         f"Command: `{cmd.strip()}` (onload device {device}).",
         f"Raw cold disk read, measured in this run on a 1 GiB file: {disk.raw_gbps:.2f} GB/s "
         f"(one thread, 16 MiB reads: {disk.one_thread_gbps:.2f}; four threads: "

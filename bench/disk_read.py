@@ -24,6 +24,7 @@ from pathlib import Path
 
 from bench.probes import drop_page_cache
 from offload_core.sources.mapped import MADV_POPULATE_READ
+from offload_core.units import GB
 
 MiB = 1 << 20
 
@@ -88,7 +89,7 @@ def beside_compute(path: Path, size: int, rounds: int) -> None:
         ),
     }
     compute()  # warm up the matmul kernels
-    print(f"compute beside a cold read of {size / 1e9:.2f} GB, {rounds} rounds, median")
+    print(f"compute beside a cold read of {size / GB:.2f} GB, {rounds} rounds, median")
     print("| read beside compute | compute alone s | with the read s | slowdown | s lost per GB |")
     print("|---|---|---|---|---|")
     for name, read in reads.items():
@@ -104,7 +105,7 @@ def beside_compute(path: Path, size: int, rounds: int) -> None:
         lost = statistics.median(b - a for a, b in zip(alone, beside))
         print(
             f"| {name} | {statistics.median(alone):.3f} | {statistics.median(beside):.3f} | "
-            f"{ratio:.3f} | {lost / (size / 1e9):.3f} |"
+            f"{ratio:.3f} | {lost / (size / GB):.3f} |"
         )
 
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
-    size = int(args.size_gb * 1e9) // (16 * MiB) * (16 * MiB)
+    size = int(args.size_gb * GB) // (16 * MiB) * (16 * MiB)
     path = folder / "read-probe.bin"
     block = os.urandom(16 * MiB)
     with open(path, "wb") as f:
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             path.unlink()
         return 0
-    print(f"cold reads of a {size / 1e9:.2f} GB file in {folder}")
+    print(f"cold reads of a {size / GB:.2f} GB file in {folder}")
     print("| variant | GB/s | CPU s per GB |")
     print("|---|---|---|")
     try:
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                 if best is None or wall < best[0]:
                     best = (wall, cpu)
             if best:
-                print(f"| {name} | {size / best[0] / 1e9:.2f} | {best[1] / (size / 1e9):.2f} |")
+                print(f"| {name} | {size / best[0] / GB:.2f} | {best[1] / (size / GB):.2f} |")
     finally:
         path.unlink()
     return 0

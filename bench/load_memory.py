@@ -41,8 +41,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench import compare, models, probes, worker
-from offload_core.runtime.memory import PeakRssSampler, fmt_bytes, process_memory
+from bench import harness, models, probes, report
+from offload_core.runtime.memory import PeakRssSampler, process_memory
+from offload_core.units import fmt_bytes
 
 MODES = (
     "resident",
@@ -218,7 +219,7 @@ def measure(
             results.append({"mode": mode, "skipped": why})
             echo(f"  {mode:20s} skipped: {why}")
             continue
-        mdir = compare.fresh_dir(workdir, mode)
+        mdir = harness.fresh_dir(workdir, mode)
         job = {
             "mode": mode,
             "model": spec.as_dict(),
@@ -227,7 +228,7 @@ def measure(
             "result_file": str(mdir / "result.json"),
             **{k: str(v) for k, v in paths.items()},
         }
-        res = compare.spawn("bench.load_memory", job)
+        res = harness.spawn("bench.load_memory", job)
         results.append(res)
         if "error" in res:
             echo(f"  {mode:20s} FAILED\n{res['error']}")
@@ -238,52 +239,15 @@ def measure(
                 f"(process {res['wall_s']:.0f} s)"
             )
         shutil.rmtree(mdir, ignore_errors=True)
-    compare._judge(results)
+    harness.judge(results)
     shutil.rmtree(paths["folder"], ignore_errors=True)
     for p in (paths["checkpoint"], paths["inputs_file"]):
         p.unlink(missing_ok=True)
     return results, nbytes
 
 
-# -- the table ---------------------------------------------------------------------------------
-def _anon(r: dict[str, Any], window: str = "run") -> int:
-    """Peak RssAnon over ``load`` (load + first forward), ``later`` or the whole ``run``."""
-    if window == "run":
-        return max(_anon(r, "load"), _anon(r, "later"))
-    return int(r[f"peak_{window}"]["rss_anon"])
-
-
-def table(results: list[dict[str, Any]], nbytes: int) -> str:
-    ok = [r for r in results if "peak_load" in r]
-    peers = [r for r in ok if r["mode"] in PEERS]
-    best = min(map(_anon, peers)) if peers else None
-    head = (
-        "mode", "peak RssAnon load+1st fwd", "peak RssFile load+1st fwd", "peak RssAnon later",
-        "peak RssFile later", "load s", "1st fwd s", "later fwd s",
-        "x model size (run peak RssAnon)", "x best peer (run peaks)", "equal",
-    )  # fmt: skip
-    rows = []
-    for r in results:
-        if "peak_load" not in r:
-            rows.append((r["mode"], r.get("skipped") or "FAILED (see log)", *[""] * 9))
-            continue
-        eq = r.get("equal")
-        rows.append(
-            (
-                r["mode"],
-                fmt_bytes(r["peak_load"]["rss_anon"]),
-                fmt_bytes(r["peak_load"]["rss_file"]),
-                fmt_bytes(r["peak_later"]["rss_anon"]),
-                fmt_bytes(r["peak_later"]["rss_file"]),
-                f"{r['load_s']:.1f}",
-                f"{r['first_fwd_s']:.1f}",
-                f"{r['later_fwd_s']:.1f}",
-                f"{_anon(r) / nbytes:.2f}",
-                f"{_anon(r) / best:.2f}" if best else "-",
-                "-" if eq is None else ("yes" if eq else f"NO ({r.get('max_diff', 0):.1e})"),
-            )
-        )
-    return compare._md(head, rows)
+# -- the verdict -------------------------------------------------------------------------------
+_anon = report.run_peak_anon
 
 
 def verdict(results: list[dict[str, Any]], nbytes: int) -> list[str]:
@@ -354,20 +318,17 @@ def main(argv: list[str] | None = None) -> int:
     spec = replace(spec, dtype=a.dtype)
     txt = a.txt_tokens if a.txt_tokens is not None else max(a.tokens // 4, 1)
     inp = models.InputSpec(a.tokens, txt)
-    m = compare.machine(Path(a.workdir).parent)
-    results, nbytes = measure(spec, inp, names, a.later, Path(a.workdir))
+    m = harness.machine(Path(a.workdir).resolve().parent)
+    results, nbytes = measure(spec, inp, names, a.later, Path(a.workdir).resolve())
     cmd = " ".join(["python -m bench.load_memory", *(argv if argv is not None else sys.argv[1:])])
-    v = m["versions"]
     lines = [
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram'] / 2**30:.0f} GiB RAM, disk "
-        f"{m['disk']}, GPU {m['gpu'] or 'none'}; torch {v['torch']}, diffusers "
-        f"{v['diffusers']}, accelerate {v['accelerate']}, safetensors {v['safetensors']}.",
+        report.machine_line(m),
         f"Command: `{cmd.strip()}`.",
         f"{spec.label}: checkpoint {fmt_bytes(nbytes)}; {inp.tokens} image + {txt} text tokens; "
         f"onload cpu; load + 1st forward, then {a.later} later forwards, each from a cold page "
         f"cache.",
         "",
-        table(results, nbytes),
+        report.load_table(results, nbytes, PEERS),
         "",
         *verdict(results, nbytes),
     ]
@@ -389,6 +350,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
-    if sys.argv[1:2] and sys.argv[1].startswith("{"):  # one mode's process (compare.spawn)
-        raise SystemExit(worker.main(sys.argv[1:], run))
+    if sys.argv[1:2] and sys.argv[1].startswith("{"):  # one mode's process (harness.spawn)
+        raise SystemExit(harness.job_main(sys.argv[1:], run))
     raise SystemExit(main())

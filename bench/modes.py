@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from offload_core.units import GB
+
 FERRY_LEVELS = ("block", "leaf")
 FERRY_TIERS = ("pinned", "ram", "disk")
 
@@ -47,7 +49,7 @@ def base_mode(mode: str) -> str:
     prefetch depth N; ``+copy`` DiskTier(cpu_read="copy") (read into slots, not mapped);
     ``+mapped`` DiskTier(cpu_read="mapped") (without either, the default "auto" decides);
     ``+everycrc`` DiskTier(verify="every_read"); ``+buffered`` DiskTier(direct_io=False);
-    ``+t<N>`` N read threads for copied reads (a what-if: the engine's default patched)."""
+    ``+t<N>`` ``apply_offload(read_threads=N)``: the disk reader's pool."""
     return mode.split("+", 1)[0]
 
 
@@ -120,11 +122,12 @@ def _ferry(
     parts = base_mode(mode).split("-")
     extras = mode.split("+")[1:]
     prefetch = opts.get("prefetch", 1)
+    read_threads = 4
     for e in extras:
         if e.startswith("p"):
             prefetch = int(e[1:])
         elif e.startswith("t"):
-            _what_if_read_threads(int(e[1:]))
+            read_threads = int(e[1:])
     level = BlockLevel(opts.get("blocks_per_group", 1)) if parts[1] == "block" else LeafLevel()
     ckpt = base_mode(mode).endswith("-ckpt")
     tier: Any = {"pinned": PinnedRamTier(), "ram": RamTier()}.get(parts[2])
@@ -137,15 +140,17 @@ def _ferry(
             cpu_read=next((e for e in extras if e in ("copy", "mapped")), "auto"),
         )
     policy = OffloadPolicy(level=level, tier=tier, prefetch_depth=prefetch)
-    handle = apply_offload(model, policy, onload_device=device, name="bench")
+    handle = apply_offload(
+        model, policy, onload_device=device, name="bench", read_threads=read_threads
+    )
 
     def stats() -> dict[str, Any]:
         s = handle.stats()
         return {
             "bytes_h2d": s.bytes_h2d,
             "bytes_disk": s.bytes_disk,
-            "disk_s": s.bytes_disk / (s.disk_gbps * 1e9) if s.disk_gbps else 0.0,
-            "h2d_s": s.bytes_h2d / (s.h2d_gbps * 1e9) if s.h2d_gbps else 0.0,
+            "disk_s": s.bytes_disk / (s.disk_gbps * GB) if s.disk_gbps else 0.0,
+            "h2d_s": s.bytes_h2d / (s.h2d_gbps * GB) if s.h2d_gbps else 0.0,
             "stall_s": s.stall_s,
             "transfer_s": s.transfer_s,
             "group_loads": s.group_loads,
@@ -161,14 +166,6 @@ def _ferry(
         if ckpt:
             files.append(checkpoint)
     return Applied(files=files, stats=stats, notes=list(handle.plan.notes), cleanup=handle.remove)
-
-
-# -- what-if rows: the engine patched in this (throw-away) process, to measure what an engine
-# change would bring before anyone makes it. Never part of the default table.
-def _what_if_read_threads(n: int) -> None:
-    from offload_core.transfer import copies
-
-    copies.Transfers.__init__.__defaults__ = (None, n)  # (staging, read_threads)
 
 
 def _diffusers(

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from bench import models, modes, probes
+from bench import harness, models, modes, probes, report
+from offload_core.units import GB
 
 
 def run(
@@ -34,13 +35,9 @@ def run(
     device: torch.device,
     echo: Any = print,
 ) -> dict[str, Any]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    ckpt = workdir / "paired-model.safetensors"
     echo(f"building {spec.label} ...")
-    built = models.build_model(spec)
-    models.save_checkpoint(built, ckpt)
-    x = models.to_device(models.make_inputs(spec, inp, built), device)
-    del built
+    prep = harness.prepare(spec, workdir / "paired-model.safetensors", inp)
+    ckpt, x = prep.checkpoint, models.to_device(prep.inputs, device)
     resident = models.load_model(spec, ckpt)
     modes.apply_mode("resident", resident, device, workdir, ckpt, {})
     applied = {}
@@ -72,7 +69,7 @@ def run(
                     after = a.stats()
                     disk_s = after["disk_s"] - before["disk_s"]
                     got = after["bytes_disk"] - before["bytes_disk"]
-                    in_read[name].append(got / disk_s / 1e9 if disk_s > 0 else 0.0)
+                    in_read[name].append(got / disk_s / GB if disk_s > 0 else 0.0)
                     stalled = after["stall_s"] - before["stall_s"]
                     busy[name].append((disk_s / seconds, stalled / seconds))
                 if name != "resident":
@@ -120,7 +117,7 @@ def _summary(
     # The limit, per round: a forward can be no faster than its compute (resident) nor than
     # reading every weight once from the disk (the raw cold read of the same files).
     limit = [max(t, rs) for t, (rs, _) in zip(times["resident"], raw)] if raw else []
-    raw_gbps = [n / rs / 1e9 for rs, n in raw]
+    raw_gbps = [n / rs / GB for rs, n in raw]
     rows = []
     for name in mode_names:
         ratios = [t / base for t, base in zip(times[name], times["resident"])]
@@ -157,45 +154,6 @@ def _summary(
     return out
 
 
-def table(result: dict[str, Any], rounds: int) -> str:
-    lines = [
-        f"| mode | median s/forward | x resident, median of {rounds} rounds | range | "
-        "x limit, median | in-read GB/s (x raw read) | x faster than the faster peer, median "
-        "| equal | reading / stalled (x forward) |",
-        "|---|---|---|---|---|---|---|---|---|",
-        f"| resident | {result['resident_median_s']:.3f} | 1.00 | - | - | - | - | - | - |",
-    ]
-    if "raw_median_s" in result:
-        lines.append(
-            f"| raw cold read of the same files | {result['raw_median_s']:.3f} | - | - | - | "
-            f"{result['raw_gbps']:.2f} (1.00) | - | - | - |"
-        )
-        lines.append(
-            f"| limit = max(resident, raw read) | - | {result['limit_x_resident']:.3f} | - | "
-            "1.00 | - | - | - | - |"
-        )
-    for r in result["rows"]:
-        faster = r.get("x_faster_than_peers")
-        lim = r.get("x_limit")
-        rate = r.get("in_read_gbps")
-        read = "-" if rate is None else f"{rate:.2f} ({r['in_read_x_raw']:.2f})"
-        lines.append(
-            f"| {r['mode']} | {r['median_s']:.3f} | {r['median_ratio']:.3f} | "
-            f"{r['min_ratio']:.3f}-{r['max_ratio']:.3f} | "
-            f"{'-' if lim is None else f'{lim:.3f}'} | "
-            f"{read} | "
-            f"{'-' if faster is None else f'{faster:.2f}'} | {'yes' if r['equal'] else 'NO'} | "
-            f"{_busy_cell(r)} |"
-        )
-    return "\n".join(lines)
-
-
-def _busy_cell(row: dict[str, Any]) -> str:
-    if "reading" not in row:
-        return "-"
-    return f"{row['reading']:.2f} / {row['stalled']:.2f}"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=["flux", "dit"], default="flux")
@@ -222,10 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = models.ModelSpec(a.model, a.dtype, a.layers, a.single_layers, a.heads, size_gb=a.size_gb)
     txt = a.txt_tokens if a.txt_tokens is not None else max(a.tokens // 4, 1)
     inp = models.InputSpec(a.tokens, txt)
-    result = run(spec, inp, names, a.rounds, Path(a.workdir), device)
+    result = run(spec, inp, names, a.rounds, Path(a.workdir).resolve(), device)
     text = (
         f"{spec.label}; {a.tokens} image + {txt} text tokens; onload {device}; "
-        f"{a.rounds} rounds, forwards alternating in one process.\n\n" + table(result, a.rounds)
+        f"{a.rounds} rounds, forwards alternating in one process.\n\n"
+        + report.paired_table(result, a.rounds)
     )
     print(text)
     if a.out:

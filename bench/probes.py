@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from offload_core.units import GB
+
 CHUNK = 16 << 20
 
 
@@ -149,7 +151,7 @@ def probe_disk(folder: Path, nbytes: int = 1 << 30) -> DiskProbe:
                         list(pool.map(part, range(4)))
                 finally:
                     os.close(fd)
-            return nbytes / (time.perf_counter() - t0) / 1e9
+            return nbytes / (time.perf_counter() - t0) / GB
 
         rates = {k: max(once(k), once(k)) for k in ("one", "four", "dd")}
     finally:
@@ -174,7 +176,7 @@ def probe_pinned_h2d(nbytes: int = 1 << 30) -> float | None:
         dst.copy_(src, non_blocking=True)
         end.record()
         end.synchronize()
-        best = max(best, nbytes / (start.elapsed_time(end) / 1000) / 1e9)
+        best = max(best, nbytes / (start.elapsed_time(end) / 1000) / GB)
     del src, dst
     torch.cuda.empty_cache()
     return best

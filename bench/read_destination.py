@@ -1,6 +1,6 @@
 """Where an O_DIRECT read lands changes how fast the disk delivers it: cold reads of one file
 in large requests (a block-level group each) into differently made host memory, in shuffled
-order per round, median GB/s. [Note: where a direct read lands] (offload_core/transfer/
+order per round, median GB/s. [Note: where a direct read lands] (offload_core/disk/
 host_memory.py) says why.
 
     python -m bench.read_destination [--size-gb 2.5] [--request-mb 340] [--rounds 5]
@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from bench.probes import drop_page_cache
-from offload_core.transfer.host_memory import _page_aligned, host_buffer
+from offload_core.disk.host_memory import _page_aligned, host_buffer
+from offload_core.units import GB
 
 MiB = 1 << 20
 
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=os.environ.get("FERRY_BENCH_DIR", "/tmp/ferry-bench"))
     a = p.parse_args(argv)
     request = a.request_mb * MiB
-    size = int(a.size_gb * 1e9) // request * request
+    size = int(a.size_gb * GB) // request * request
     folder = Path(a.dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "destination-probe.bin"
@@ -84,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
                 drop_page_cache([path])
                 t0 = time.perf_counter()
                 reads[name]()
-                rates[name].append(size / (time.perf_counter() - t0) / 1e9)
+                rates[name].append(size / (time.perf_counter() - t0) / GB)
     finally:
         path.unlink()
-    print(f"cold O_DIRECT reads of {size / 1e9:.2f} GB in {a.request_mb} MiB requests, "
+    print(f"cold O_DIRECT reads of {size / GB:.2f} GB in {a.request_mb} MiB requests, "
           f"{a.rounds} rounds (shuffled), median GB/s")  # fmt: skip
     print("| destination | GB/s, median | range |\n|---|---|---|")
     for name, r in rates.items():

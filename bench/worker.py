@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import os
 import sys
 import time
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench import models, modes, probes
+from bench import harness, models, modes, probes
 from offload_core.runtime.memory import PeakRssSampler, process_memory, release_freed_memory
 
 
@@ -138,17 +135,6 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str], work: Callable[[dict[str, Any]], dict[str, Any]] = run) -> int:
-    """``argv[0]``: the job (JSON); the result (or the error) goes to ``job["result_file"]``."""
-    job = json.loads(argv[0])
-    try:
-        result = work(job)
-    except Exception:
-        result = {"mode": job["mode"], "error": traceback.format_exc(limit=8)}
-    Path(job["result_file"]).write_text(json.dumps(result))
-    return 0 if "error" not in result else 1
-
-
 if __name__ == "__main__":
     os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(harness.job_main(sys.argv[1:], run))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
-from ..offload_core.policy import DEFAULT_HEADROOM_GB
+from ..offload_core.policy import DEFAULT_HEADROOM_GB, parse_disk_path
 from ..offload_core.sources import disk_folder
 
 # Widget ids of "Ferry Offload Model". Stable forever: saved workflows refer to them.
@@ -85,13 +85,16 @@ def policy_from_inputs(
     The raw widget values go to ``OffloadPolicy.from_dict``, which runs each setting's one
     parser (the panel and the settings file use the same ones).
     """
-    path = (disk_path or "").strip() or default_disk_path
     disk = tier == "disk"
+    try:  # the setting's one parser: empty is this host's default folder
+        path = parse_disk_path(disk_path, default_disk_path) if disk else None
+    except ConfigError as e:
+        raise as_node_error(e) from None
     flat = {
         "level": level,
         "blocks_per_group": blocks_per_group,
         "tier": tier,
-        "disk_path": path if disk else None,
+        "disk_path": path,
         "direct_io": direct_io if disk else None,
         "verify": verify if disk else None,
         "cpu_read": cpu_read if disk else None,

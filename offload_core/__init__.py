@@ -21,7 +21,6 @@ from .errors import (
     FerryError,
     GroupingError,
     InferenceOnlyError,
-    OffloadRemovedError,
 )
 from .loader import load_offloaded
 from .model.plan import OffloadPlan, plan_offload
@@ -62,7 +61,6 @@ __all__ = [
     "OffloadHandle",
     "OffloadPlan",
     "OffloadPolicy",
-    "OffloadRemovedError",
     "OffloadStats",
     "PeakRssSampler",
     "PinnedRamTier",

@@ -10,16 +10,18 @@ from torch import nn
 
 from . import registry
 from .model.plan import OffloadPlan, plan_offload
-from .policy import DiskTier, OffloadPolicy
+from .policy import DiskTier, OffloadPolicy, parse_whole_number
 from .quant.report import QuantReport
 from .runtime.engine import Engine
 from .runtime.memory import device_memory, release_freed_memory
-from .runtime.stats import Counters, OffloadStats, gbps
+from .runtime.stats import Counters, OffloadStats
+from .sources.checkpoint_origin import CheckpointOrigin
 from .sources.checkpoint_stream import CheckpointWeights
+from .sources.origin import ModelOrigin
 from .sources.placement import Placement, Progress
 from .sources.repair import repair_group
-from .sources.streaming_placement import StreamingPlacement
 from .transfer.backend import backend_for
+from .units import gbps
 
 
 class OffloadHandle:
@@ -127,6 +129,7 @@ def apply_offload(
     name: str | None = None,
     progress: Progress | None = None,
     weights: CheckpointWeights | None = None,
+    read_threads: int = 4,
 ) -> OffloadHandle:
     """Offloads ``model`` by ``policy``; every check runs before any weight moves.
 
@@ -137,15 +140,16 @@ def apply_offload(
     weights: for a model built on the meta device, where its tensors wait in its checkpoint
         (``load_offloaded`` opens it): every group is filled straight from the file, so the
         model is never in RAM; ``remove()`` puts its tensors back on meta.
+    read_threads: the disk reader's pool (disk/reader.py): a read of several chunks (a
+        group's first, checked read; every read with ``DiskTier(verify="every_read")``)
+        fans out on it, and a window read's copies run on it.
     """
+    read_threads = parse_whole_number("read_threads", read_threads, 1)
     plan = plan_offload(model, policy, onload_device=onload_device)
     name = _unique_name(name or type(model).__name__)
     backend = backend_for(plan.device)
-    placement = (
-        Placement(model, plan, backend, name)
-        if weights is None
-        else StreamingPlacement(model, plan, backend, name, weights)
-    )
+    origin = ModelOrigin() if weights is None else CheckpointOrigin(weights)
+    placement = Placement(model, plan, backend, name, origin)
     placement.build(progress)  # restores everything itself if it fails
     release_freed_memory()
     counters = Counters()
@@ -156,7 +160,7 @@ def apply_offload(
         staged = isinstance(plan.policy.tier, DiskTier)
         engine = Engine(
             model, streamed, backend, plan.prefetch_depth, counters, staged,
-            repair=functools.partial(repair_group, placement),
+            repair=functools.partial(repair_group, placement), read_threads=read_threads,
         )  # fmt: skip
         engine.install()
     handle = OffloadHandle(model, name, plan, placement, engine, counters)

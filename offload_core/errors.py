@@ -49,10 +49,6 @@ class InferenceOnlyError(ApiUseError):
     for inference."""
 
 
-class OffloadRemovedError(ApiUseError):
-    """The offload handle was removed; the model is resident again."""
-
-
 class WeightsLostError(CorruptGroupFileError):
     """remove() could not read some groups back (their only copy was a damaged file): the
     offload is gone all the same and those tensors are on the meta device. ``groups`` and

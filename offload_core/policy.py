@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import ConfigError
-
-GIB = 1 << 30
+from .units import GIB
 
 
 @dataclass(frozen=True)
@@ -75,9 +75,12 @@ class DiskTier:
     #: (sources/placement.py: choose_cpu_read). On a GPU the groups are always copied.
     cpu_read: Literal["auto", "mapped", "copy"] = "auto"
 
+    def __post_init__(self) -> None:
+        if isinstance(self.path, str):  # the folder as typed, without the spaces around it
+            object.__setattr__(self, "path", self.path.strip())
+
     def validate(self) -> None:
-        if not isinstance(self.path, str) or not self.path.strip():
-            raise ConfigError("disk_path", "the disk tier needs a folder; set disk_path")
+        parse_disk_path(self.path)
         if not isinstance(self.direct_io, bool):
             raise ConfigError("direct_io", f"must be true or false, got {self.direct_io!r}")
         if self.verify not in ("first_read", "every_read"):
@@ -247,26 +250,61 @@ def parse_vram_budget(value: Any) -> int | Literal["auto"] | None:
     workflows saved with "0" (the node's old spelling of "no budget") keep loading with the
     meaning they were saved with. Negative numbers and anything else are refused.
     """
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    return parse_gib("vram_budget_gb", value, _BUDGET_HELP)
+
+
+#: What an empty disk-folder box is asked for (the read-only check says it as it is typed).
+ASK_FOR_FOLDER = "type a folder on a fast disk (an SSD/NVMe), e.g. /mnt/nvme/ferry"
+
+
+def parse_disk_path(value: Any, default: str | None = None) -> str:
+    """The disk tier's folder as a user, widget or file gives it: a full path (``~`` counts),
+    returned as typed without the spaces around it. Empty is ``default``, where a host has
+    one (the ComfyUI node: ComfyUI's temp folder), else refused; a relative path is refused
+    everywhere (it would depend on the directory a host was started from). Whether the
+    folder is usable is the read-only check's (sources/disk_folder.py) and the disk tier's."""
+    raw = value.strip() if isinstance(value, str) else ""
+    if value is not None and not isinstance(value, str):
+        raise ConfigError("disk_path", f"must be a folder's path, got {value!r}")
+    if not raw:
+        if default:
+            return parse_disk_path(default)
+        raise ConfigError("disk_path", ASK_FOR_FOLDER)
+    if "\x00" in raw:
+        # Path.exists() answers False for a NUL byte instead of failing: refuse it here.
+        raise ConfigError("disk_path", "not a usable path (it contains a NUL character)")
+    try:
+        full = os.path.isabs(os.path.expanduser(raw))
+    except ValueError as e:  # a path the OS cannot represent
+        raise ConfigError("disk_path", f"not a usable path ({e})") from None
+    if not full:
+        raise ConfigError("disk_path", f"use a full path (starting with / or a drive), not {raw!r}")
+    return raw
+
+
+def parse_gib(setting: str, value: Any, help_text: str) -> int | None:
+    """An amount of memory in GB (GiB: units.py) as a user, widget or file gives it ->
+    bytes; None for "no amount" (empty, "none", "off", 0). ``help_text`` says what to type."""
     if value is None:
         return None
     if isinstance(value, bool):
-        raise ConfigError("vram_budget_gb", f"{value!r} is not a budget; {_BUDGET_HELP}")
+        raise ConfigError(setting, f"{value!r} is not a budget; {help_text}")
     if isinstance(value, (int, float)):
         gb = float(value)
     else:
         text = str(value).strip().lower()
         if text in _NO_BUDGET:
             return None
-        if text == AUTO:
-            return AUTO
         if not _GB_TEXT.fullmatch(text):
-            raise ConfigError("vram_budget_gb", f"{value!r} is not a budget; {_BUDGET_HELP}")
+            raise ConfigError(setting, f"{value!r} is not a budget; {help_text}")
         gb = float(_GB_TEXT.fullmatch(text).group(1))  # type: ignore[union-attr]
     if not math.isfinite(gb) or gb < 0:
-        raise ConfigError("vram_budget_gb", f"{value!r} is not a budget; {_BUDGET_HELP}")
+        raise ConfigError(setting, f"{value!r} is not a budget; {help_text}")
     n = int(gb * GIB)
     if n == 0 and gb > 0:
-        raise ConfigError("vram_budget_gb", f"{value!r} GB is less than one byte; {_BUDGET_HELP}")
+        raise ConfigError(setting, f"{value!r} GB is less than one byte; {help_text}")
     return None if n == 0 else n
 
 

@@ -3,27 +3,35 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .api import OffloadHandle
+from .runtime.stats import OffloadStats
+
+
+class LiveOffload(Protocol):
+    """What the UI reads of an offload (api.py: OffloadHandle)."""
+
+    name: str
+
+    def stats(self) -> OffloadStats: ...
+
 
 _lock = threading.Lock()
-_live: list[OffloadHandle] = []
+_live: list[LiveOffload] = []
 
 
-def register(handle: OffloadHandle) -> None:
+def register(handle: LiveOffload) -> None:
     with _lock:
         _live.append(handle)
 
 
-def unregister(handle: OffloadHandle) -> None:
+def unregister(handle: LiveOffload) -> None:
     with _lock:
         if handle in _live:
             _live.remove(handle)
 
 
-def live_offloads() -> list[OffloadHandle]:
+def live_offloads() -> list[LiveOffload]:
     """The offloads applied and not yet removed, oldest first (a copy of the list)."""
     with _lock:
         return list(_live)

@@ -24,7 +24,7 @@ from torch.cuda._sanitizer import EventHandler
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
-from offload_core.model.layout import PAGE
+from offload_core.units import PAGE
 
 T = TypeVar("T")
 Range = tuple[int, int]  # (address, nbytes)
@@ -154,7 +154,12 @@ class SanitizerBackend:
         return self._track(torch.empty(nbytes, dtype=torch.uint8))
 
     def release_host(self, buf: torch.Tensor) -> None:
-        pass
+        # Its memory may come back in another allocation: no longer this buffer's cells.
+        start = buf.data_ptr()
+        with self.lock:
+            if start in self._ends and buf.numel():
+                self._starts.remove(start)
+                del self._ends[start], self._grains[start]
 
     # -- work ----------------------------------------------------------------------------------
     def kernel(self, stream: FakeStream, read: set[Range], written: set[Range], op: str) -> None:

@@ -1,6 +1,6 @@
 """Every disk-tier group holds one or two open files; a leaf-level offload of a large model
 has hundreds of groups, and many desktops start programs with a soft limit of 1024 open files.
-Ferry raises the soft limit (up to the hard one) before it writes anything (sources/reads.py:
+Ferry raises the soft limit (up to the hard one) before it writes anything (disk/posix.py:
 reserve_descriptors), and past the hard limit says what to change, the model left as it was.
 Each case runs in a child process with its own limits."""
 

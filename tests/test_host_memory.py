@@ -1,4 +1,4 @@
-"""The host buffers disk reads land in (transfer/host_memory.py): page-aligned always, huge
+"""The host buffers disk reads land in (disk/host_memory.py): page-aligned always, huge
 pages advised and populated where the OS offers them, freed with their last view.
 [Note: where a direct read lands] says why; docs/benchmarks.md has the read rates."""
 
@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from offload_core.transfer import host_memory
-from offload_core.transfer.host_memory import HUGE_PAGE, host_buffer, huge_pages_advisable
+from offload_core.disk import host_memory
+from offload_core.disk.host_memory import HUGE_PAGE, host_buffer, huge_pages_advisable
 from offload_core.transfer.sync import SyncBackend
 
 MiB = 1 << 20

@@ -1,5 +1,5 @@
 """The CPU disk path that computes straight from the group files' mapping (offload_core/sources/mapped.py), and
-when the chunk checksums are checked ([Note: what is checked when] in sources/reads.py)."""
+when the chunk checksums are checked ([Note: what is checked when] in disk/plan.py)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from offload_core import (
     OffloadPolicy,
     apply_offload,
 )
-from offload_core.sources import placement, reads
+from offload_core.disk import plan as reads
+from offload_core.disk.plan import FileIdentity
+from offload_core.sources import placement
 from offload_core.sources.mapped import MappedSource, can_map
-from offload_core.sources.reads import FileIdentity
 from tests.helpers import flip_byte, make_model, reference
 
 pytestmark = pytest.mark.skipif(not can_map(), reason="mapped groups need Linux madvise")
@@ -49,7 +50,7 @@ def test_only_the_window_is_mapped_and_no_slot_is_allocated(tmp_path, level, dep
     )
     handle = apply_offload(model, policy, onload_device="cpu")
     engine = handle._engine
-    assert engine is not None and engine.arena is None, "a mapped group needs no slot"
+    assert engine is not None and engine.transfers.ring is None, "a mapped group needs no slot"
     assert all(isinstance(g.source, MappedSource) for g in engine.groups)
     largest = max(g.spec.nbytes for g in engine.groups)
     total = sum(g.spec.nbytes for g in engine.groups)
@@ -189,7 +190,7 @@ def test_auto_takes_the_path_the_rule_chose_and_stays_exact(tmp_path, monkeypatc
     engine = handle._engine
     assert engine is not None
     mapped = all(isinstance(g.source, MappedSource) for g in engine.groups if g.host_forms)
-    assert mapped == (kind == "mapped") and (engine.arena is None) == mapped
+    assert mapped == (kind == "mapped") and (engine.transfers.ring is None) == mapped
     assert any("cpu_read auto" in n for n in handle.plan.notes + handle._placement.notes)
     with torch.no_grad():
         outs = [model(**x) for _ in range(2)]
@@ -198,7 +199,7 @@ def test_auto_takes_the_path_the_rule_chose_and_stays_exact(tmp_path, monkeypatc
 
 
 def test_unchecked_reads_join_contiguous_chunks_into_runs(monkeypatch):
-    """A read whose checksums are not due is one request per contiguous run (sources/reads.py:
+    """A read whose checksums are not due is one request per contiguous run (disk/plan.py:
     [Note: what is checked when]); a gap in the file or in the slab, or the size cap, splits."""
     monkeypatch.setattr(reads, "RUN", 48)
     c = reads.Chunk

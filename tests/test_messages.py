@@ -166,7 +166,7 @@ def test_nodes_say_an_api_use_error_in_comfyui_words() -> None:
     errs = _real_api_errors()
     assert [type(e).__name__ for e in errs] == ["AlreadyOffloadedError", "InferenceOnlyError"]
     assert all(python_call(str(e)) for e in errs), "these are the Python hints nodes translate"
-    errs.append(errors.OffloadRemovedError("the handle was removed: call apply_offload() again"))
+    errs.append(errors.ApiUseError("the handle was removed: call apply_offload() again"))
     for err in errs:
 
         def executor(*args: object, err: BaseException = err) -> None:

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from offload_core.model.layout import PAGE
 from offload_core.runtime.schedule import WINDOW_PER_DEPTH, Phase, Planned, Schedule
+from offload_core.units import PAGE
 
 
 def overlap(a: Planned, b: Planned) -> bool:

@@ -185,3 +185,120 @@ def test_a_folder_too_small_is_refused_everywhere(tmp_path: Path) -> None:
         assert folder_verdicts(str(small)) == dict.fromkeys(("node", "panel", "api"), REJECTED)
         same_words(str(small))
         assert list(small.iterdir()) == [], "nothing written"
+
+
+# ---- The planner's boxes, and the disk folder from every front end --------------------------
+planner_view = importlib.import_module(f"{PACK_NAME}.web.panel.planner_view")
+
+
+class _Measured(Exception):
+    """The planner got past its checks: what it was about to measure under."""
+
+    def __init__(self, budget: Any, disk: Any) -> None:
+        self.budget, self.disk = budget, disk
+
+
+def planner(vram: Any, disk: str = "", monkeypatch: pytest.MonkeyPatch | None = None) -> Any:
+    """The planner tab's own path (web/panel/planner_view.run_planner) up to its measuring,
+    which is stopped there: returns (budget, disk folder) or raises its refusal."""
+    assert monkeypatch is not None
+
+    def measure(factory: Any, *, budget: Any, disk_path: Any, **kw: Any) -> Any:
+        raise _Measured(budget, disk_path)
+
+    monkeypatch.setattr(planner_view, "autotune", measure)
+    monkeypatch.setattr(planner_view, "demo_factory", lambda size: None)
+    ctx = type("Ctx", (), {"onload_device": "cpu", "is_busy": lambda self: False})()
+    ctx.run_lock = __import__("threading").Lock()  # type: ignore[attr-defined]
+    try:
+        planner_view.run_planner(ctx, vram, None, 0.01, disk)
+    except _Measured as m:
+        return m.budget, m.disk
+    raise AssertionError("the planner neither measured nor refused")
+
+
+@pytest.mark.parametrize("text", [t for t in BUDGETS if t != "auto"])
+def test_the_planner_reads_a_vram_budget_as_the_node_and_the_panel(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    got = verdict(lambda: planner(text, monkeypatch=monkeypatch)[0].vram_bytes, BUDGET_NAMES)
+    assert got == BUDGETS[text]
+    # The browser's number box sends a number: 0 and 6 read as "0" and "6" do.
+    if BUDGETS[text] != REJECTED and text:
+        number = float(text)
+        assert planner(number, monkeypatch=monkeypatch)[0].vram_bytes == BUDGETS[text]
+
+
+def test_the_planner_refuses_auto_saying_what_to_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(oc.ConfigError, match=r"^vram_budget_gb: .*e\.g\. 6"):
+        planner("auto", monkeypatch=monkeypatch)
+
+
+def disk_paths(text: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[[], Any]]:
+    form = list(PANEL_FORM)
+    form[2], form[3] = "disk", text
+
+    def node() -> str:
+        policy = config.policy_from_inputs(**{**NODE_WIDGETS, "tier": "disk", "disk_path": text})
+        return str(config.check_disk_folder(policy.tier.path))
+
+    def panel() -> str:
+        path = forms.settings_from_form(*form).policy.tier.path
+        return str(disk_check.check_disk_path(path, None).raise_if_bad())
+
+    return {
+        "node": node,
+        "panel": panel,
+        "planner": lambda: str(planner(None, text, monkeypatch)[1]),
+        "api": lambda: oc.OffloadPolicy.from_dict({"tier": "disk", "disk_path": text}).tier.path,
+        "tier": lambda: str(oc.plan_offload(make_model("fp32"), oc.OffloadPolicy(
+            tier=oc.DiskTier(text)), onload_device="cpu").policy.tier.path),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("text", ["relative/dir", "./here", "ferry"])
+def test_a_relative_folder_is_refused_everywhere_in_the_same_words(
+    text: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    words = set()
+    for path, build in disk_paths(text, monkeypatch).items():
+        with pytest.raises(oc.FerryError) as e:
+            build()
+        named = getattr(e.value, "input_name", None) or getattr(e.value, "setting", None)
+        assert named == "disk_path", (path, e.value)
+        words.add(str(e.value).split("disk_path: ", 1)[1].removesuffix(
+            " (or clear it to skip the disk tier)"))  # fmt: skip
+    assert words == {f"use a full path (starting with / or a drive), not {text!r}"}
+    assert list(tmp_path.iterdir()) == [], "nothing was created"
+
+
+def test_a_full_folder_is_the_same_folder_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = str(tmp_path / "new")
+    got = {path: build() for path, build in disk_paths(f"  {folder} ", monkeypatch).items()}
+    assert got == dict.fromkeys(got, folder)
+
+
+def test_an_empty_folder_is_the_hosts_default_or_refused_in_the_same_words(
+    tmp_path: Path,
+) -> None:
+    """The node's host has a default folder (ComfyUI's temp folder); the panel, the settings
+    file and the API have none: there the one parser refuses it, in the read-only check's
+    words."""
+    node = config.policy_from_inputs(
+        **{**NODE_WIDGETS, "tier": "disk", "disk_path": "  "}, default_disk_path=str(tmp_path)
+    )
+    assert node.tier.path == str(tmp_path)
+    asked = disk_check.check_disk_path("", None).message
+    form = list(PANEL_FORM)
+    form[2] = "disk"
+    for build in (
+        lambda: forms.settings_from_form(*form),
+        lambda: oc.OffloadPolicy.from_dict({"tier": "disk"}),
+        lambda: oc.OffloadPolicy(tier=oc.DiskTier("")).validate(),
+    ):
+        with pytest.raises(oc.FerryError) as e:
+            build()
+        assert str(e.value).endswith(f"disk_path: {asked}"), e.value

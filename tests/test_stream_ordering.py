@@ -144,7 +144,7 @@ def test_window_reads_through_staging_have_no_race(monkeypatch, tmp_path, depth)
     """A group read from the checkpoint lands in its staging buffer piece by piece, copied
     out of the bounce buffers on other threads ([Note: the window read]); the copy stream
     must still see every byte written before it copies (wait 3 and the read's own join)."""
-    from offload_core.sources import window_read
+    from offload_core.disk import reader as window_read
 
     calls: list[int] = []
     real = window_read.read_window
@@ -153,7 +153,7 @@ def test_window_reads_through_staging_have_no_race(monkeypatch, tmp_path, depth)
         calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr("offload_core.transfer.copies.read_window", counted)
+    monkeypatch.setattr("offload_core.disk.reader.read_window", counted)
     backend, ref, outs = _run(monkeypatch, tmp_path, "disk-ckpt", depth)
     assert backend.errors == [], "\n".join(map(str, backend.errors[:3]))
     assert all(torch.equal(o, ref) for o in outs)

@@ -1,4 +1,4 @@
-"""The window read (sources/window_read.py, [Note: the window read]): the whole pages around a
+"""The window read (disk/reader.py, [Note: the window read]): the whole pages around a
 group's tensors in a checkpoint, read with O_DIRECT from a real file on a real disk, then
 moved to the slab's 64-byte-aligned places; every byte compared with the file."""
 
@@ -15,13 +15,14 @@ import torch
 from safetensors.torch import save_file
 
 from offload_core import DiskTier, OffloadPolicy, apply_offload, load_offloaded
+from offload_core.disk import reader as window_read
+from offload_core.disk.host_memory import host_buffer
+from offload_core.disk.plan import CHUNK, Chunk, open_plan, window_for
+from offload_core.disk.reader import read_window
 from offload_core.errors import CorruptGroupFileError
-from offload_core.model.layout import PAGE, align_up
-from offload_core.sources import window_read
-from offload_core.sources.reads import CHUNK, Chunk, open_plan
-from offload_core.sources.window_read import read_window, window_for
+from offload_core.model.layout import align_up
 from offload_core.tools.demo_model import DemoDiT
-from offload_core.transfer.host_memory import host_buffer
+from offload_core.units import PAGE
 from tests.helpers import make_model, reference
 
 KiB = 1 << 10
@@ -147,7 +148,7 @@ def _count_window_reads(monkeypatch) -> list[int]:  # type: ignore[no-untyped-de
         calls.append(window.end - window.start)
         return real(plan, window, buf, bounces, copier)
 
-    monkeypatch.setattr("offload_core.transfer.copies.read_window", counted)
+    monkeypatch.setattr("offload_core.disk.reader.read_window", counted)
     return calls
 
 

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 import torch
 
 from ..errors import ConfigError
+from ..units import PAGE
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -45,8 +46,6 @@ if hasattr(torch, "float8_e8m0fnu"):
     DTYPES["F8_E8M0"] = torch.float8_e8m0fnu
 NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 100 << 20  # the safetensors package's own limit
-#: Ferry's group files start their data section on a page boundary (direct I/O reads).
-PAGE = 4096
 
 
 @dataclass(frozen=True)
@@ -116,17 +115,18 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     return Header(path, entries, dict(metadata), head + raw, size)
 
 
-def read_checkpoint_header(path: str | os.PathLike[str]) -> Header:
-    """read_header for a user's checkpoint: problems are ConfigErrors naming the setting."""
+def read_checkpoint_header(path: str | os.PathLike[str], setting: str = "checkpoint") -> Header:
+    """The one way a user's checkpoint is opened (sources/checkpoint.py: CheckpointIndex):
+    ``read_header`` with every problem a ConfigError naming ``setting``."""
     if not os.path.isfile(path):
-        raise ConfigError(
-            "checkpoint",
-            f"{os.fspath(path)!r} is not a file; set checkpoint to a .safetensors file",
-        )
+        raise ConfigError(setting, f"{os.fspath(path)!r} is not a file; choose a .safetensors file")
     try:
         return read_header(path)
     except (HeaderError, OSError) as e:
-        raise ConfigError("checkpoint", f"cannot read it as safetensors: {e}") from None
+        name = os.path.basename(os.fspath(path))
+        raise ConfigError(
+            setting, f"{name} cannot be read as safetensors ({e}); choose another file"
+        ) from None
 
 
 def byte_view(t: torch.Tensor) -> memoryview:
@@ -153,18 +153,6 @@ def read_into(f: io.FileIO, entry: StoredTensor, out: torch.Tensor) -> None:
         n = f.readinto(view[got:])
         if not n:
             raise HeaderError(f"{f.name}: ended inside tensor {entry.key!r}")
-        got += n
-
-
-def pread_stored(fd: int, entry: StoredTensor, out: memoryview, name: str) -> None:
-    """Reads an entry's bytes into ``out`` (at least entry.nbytes long) with ``os.preadv``:
-    no shared file position, so threads can share ``fd``. HeaderError when the file ends
-    first (``name`` says which file)."""
-    got = 0
-    while got < entry.nbytes:
-        n = os.preadv(fd, [out[got : entry.nbytes]], entry.start + got)
-        if n == 0:
-            raise HeaderError(f"{name}: ended inside tensor {entry.key!r}")
         got += n
 
 

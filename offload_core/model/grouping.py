@@ -9,7 +9,8 @@ from torch import nn
 
 from ..errors import GroupingError
 from ..policy import BlockLevel, Level
-from .layout import PAGE, Entry, align_up, entry_end, make_entry, tensor_nbytes
+from ..units import PAGE
+from .layout import Entry, align_up, entry_end, make_entry, tensor_nbytes
 
 
 @dataclass

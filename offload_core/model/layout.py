@@ -23,8 +23,6 @@ from ..errors import FerryError
 #: their vectorised paths from the data pointer's alignment, so weights at 8-byte-aligned
 #: offsets give different (not bit-identical) results from the resident model.
 ALIGN = 64
-#: Slabs end on a page boundary so files can be read with direct I/O.
-PAGE = 4096
 
 
 def align_up(n: int, to: int = ALIGN) -> int:
@@ -160,6 +158,23 @@ class Entry:
             cur.data = form
         else:
             torch.utils.swap_tensors(cur, form)
+
+    def put(self, form: torch.Tensor) -> None:
+        """Makes the module hold ``form`` as a new tensor object: for a tensor on the meta
+        device, which cannot take real data (``.data =`` refuses it)."""
+        table = self.module._parameters if self.is_param else self.module._buffers
+        put_tensor(table, self.attr, self.is_param, form, self.requires_grad)
+
+
+def put_tensor(
+    table: dict[str, Any], attr: str, is_param: bool, value: torch.Tensor, requires_grad: bool
+) -> None:
+    """``value`` in a module's parameter or buffer table, as a new Parameter for a parameter."""
+    if is_param:
+        grad = requires_grad and value.dtype.is_floating_point
+        table[attr] = nn.Parameter(value, requires_grad=grad)
+    else:
+        table[attr] = value
 
 
 def make_entry(module: nn.Module, attr: str, qualname: str, is_param: bool, offset: int) -> Entry:

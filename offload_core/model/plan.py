@@ -10,7 +10,7 @@ from torch import nn
 
 from ..errors import AlreadyOffloadedError, ConfigError
 from ..policy import AUTO, DiskTier, OffloadPolicy, RamTier
-from ..runtime.memory import fmt_bytes
+from ..units import fmt_bytes
 from .grouping import Grouping, build_grouping
 from .layout import tensor_nbytes
 

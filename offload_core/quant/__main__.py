@@ -12,7 +12,7 @@ import sys
 
 from ..errors import FerryError
 from ..formats.safetensors import read_checkpoint_header
-from .builders import demo_build, import_build
+from ..tools.builders import demo_build, import_build
 from .presets import PRESETS, resolve_preset
 
 

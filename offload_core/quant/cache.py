@@ -29,12 +29,12 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..formats.safetensors import Header, HeaderError, byte_view, read_header, read_new, write_file
-from .model_tensors import model_signature, module_slots, place, restore, snapshot
+from ..runtime.memory import trim_heap
+from .model_tensors import model_signature, module_tensors, place, restore, snapshot
 from .presets import Preset
 from .report import LayerReport, QuantReport
 from .selection import LayerChoice, SkipRules
 from .streaming import Progress
-from .trim import release_free_memory
 
 FORMAT = 1
 SPARE_BYTES = 64 << 20  # left free on the cache's disk after a write
@@ -171,7 +171,7 @@ def _fill(
     with open(entry.path, "rb", buffering=0) as f:
         for i, c in enumerate(choices):
             slots = []
-            for s in module_slots(c.name, c.module):
+            for s in module_tensors(c.name, c.module):
                 if not s.persistent:
                     continue
                 if id(s.get()) in placed:
@@ -201,7 +201,7 @@ def _fill(
 
 
 def _layer_state(c: LayerChoice) -> dict[str, torch.Tensor]:
-    return {s.key: s.get().detach() for s in module_slots(c.name, c.module) if s.persistent}
+    return {s.key: s.get().detach() for s in module_tensors(c.name, c.module) if s.persistent}
 
 
 def _flattened(
@@ -257,7 +257,7 @@ def save(entry: CacheEntry, choices: list[LayerChoice], report: QuantReport) -> 
         return f"write failed: {e.strerror or e}"
     finally:
         tmp.unlink(missing_ok=True)
-        release_free_memory()  # the per-layer clones torchao's flatten made
+        trim_heap()  # the per-layer clones torchao's flatten made
     return ""
 
 

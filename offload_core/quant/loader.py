@@ -11,13 +11,13 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..formats.safetensors import read_checkpoint_header
+from ..sources.checkpoint import CheckpointIndex
 from . import cache
 from .model_tensors import build_meta_model
 from .presets import Preset, resolve_preset
 from .report import QuantReport
 from .selection import SkipRules, choose_layers
-from .streaming import Progress, check_checkpoint_matches, stream_quantize
+from .streaming import Progress, stream_quantize
 
 
 def load_quantized(
@@ -52,19 +52,19 @@ def load_quantized(
     rules = SkipRules.from_user(skip)
     if progress is not None and not callable(progress):
         raise ConfigError("progress", "must be a callable progress(done, total) or None")
-    header = read_checkpoint_header(checkpoint_path)
+    index = CheckpointIndex.open(checkpoint_path, "checkpoint")
     if isinstance(cache_dir, str) and not cache_dir.strip():
         cache_dir = None  # an empty text field in the nodes or the panel: no cache
     folder = cache.check_cache_dir(cache_dir) if cache_dir is not None else None
     model = build_meta_model(build)
-    check_checkpoint_matches(model, header)
+    keys = index.match(model)
     choices = choose_layers(model, p, rules)
     report = QuantReport(preset=p.name, device=str(dev))
     entry = None
     if folder is not None and p.quantizes:  # "none" would only copy the checkpoint
-        entry = cache.entry_for(folder, header, p, rules, qdev, model)
+        entry = cache.entry_for(folder, index.header, p, rules, qdev, model)
     if entry is None or not _load_cached(entry, model, choices, dev, progress, report):
-        _quantize_and_cache(entry, model, header, choices, p, (dev, qdev), progress, report)
+        _quantize_and_cache(entry, model, (index, keys), choices, p, (dev, qdev), progress, report)
     report.seconds = time.perf_counter() - start
     return model, report
 
@@ -91,7 +91,7 @@ def _load_cached(
 def _quantize_and_cache(
     entry: Any,
     model: nn.Module,
-    header: Any,
+    checkpoint: tuple[CheckpointIndex, dict[str, str]],
     choices: list[Any],
     p: Preset,
     devices: tuple[torch.device, torch.device],
@@ -100,7 +100,7 @@ def _quantize_and_cache(
 ) -> None:
     """Streams the checkpoint through the quantizer into ``model``; saves the cache entry."""
     dev, qdev = devices
-    report.layers = stream_quantize(model, header, choices, p, dev, progress, qdev)
+    report.layers = stream_quantize(model, *checkpoint, choices, p, dev, progress, qdev)
     if entry is not None:
         failed = cache.save(entry, choices, report)
         if failed:

@@ -14,7 +14,7 @@ from ..errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Slot:
+class ModuleTensor:
     """One parameter or buffer of one module, as named in a state dict."""
 
     module_name: str
@@ -34,14 +34,16 @@ class Slot:
         return t
 
 
-def module_slots(name: str, module: nn.Module) -> list[Slot]:
+def module_tensors(name: str, module: nn.Module) -> list[ModuleTensor]:
     """The parameters and buffers ``module`` owns directly (not its children's)."""
     slots = [
-        Slot(name, module, k, False, True) for k, v in module._parameters.items() if v is not None
+        ModuleTensor(name, module, k, False, True)
+        for k, v in module._parameters.items()
+        if v is not None
     ]
     skip = module._non_persistent_buffers_set
     slots += [
-        Slot(name, module, k, True, k not in skip)
+        ModuleTensor(name, module, k, True, k not in skip)
         for k, v in module._buffers.items()
         if v is not None
     ]
@@ -53,7 +55,7 @@ def state_names(model: nn.Module) -> dict[int, list[str]]:
     a checkpoint may hold it under any one of them)."""
     names: dict[int, list[str]] = {}
     for name, mod in model.named_modules(remove_duplicate=False):
-        for s in module_slots(name, mod):
+        for s in module_tensors(name, mod):
             if s.persistent:
                 names.setdefault(id(s.get()), []).append(s.key)
     return names
@@ -76,7 +78,7 @@ def build_meta_model(build: Callable[[torch.device], nn.Module] | nn.Module) -> 
             "build", f"must be build(device) -> nn.Module or a model on meta, got {build!r}"
         )
     for name, mod in model.named_modules():
-        for s in module_slots(name, mod):
+        for s in module_tensors(name, mod):
             t = s.get()
             if s.persistent and t.device.type != "meta":
                 raise ConfigError(
@@ -98,19 +100,19 @@ def model_signature(model: nn.Module) -> str:
     rows = [
         (s.key, list(s.get().shape), str(s.get().dtype))
         for name, mod in model.named_modules()
-        for s in module_slots(name, mod)
+        for s in module_tensors(name, mod)
         if s.persistent
     ]
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:32]
 
 
-def place(slot: Slot, value: torch.Tensor, requires_grad: bool = False) -> None:
-    """Puts ``value`` where the slot's (meta) tensor was: a new Parameter, or the buffer."""
-    if slot.is_buffer:
-        slot.module._buffers[slot.attr] = value
+def place(where: ModuleTensor, value: torch.Tensor, requires_grad: bool = False) -> None:
+    """Puts ``value`` where the (meta) tensor was: a new Parameter, or the buffer."""
+    if where.is_buffer:
+        where.module._buffers[where.attr] = value
     else:
         value = value.detach()
-        slot.module._parameters[slot.attr] = nn.Parameter(
+        where.module._parameters[where.attr] = nn.Parameter(
             value, requires_grad=requires_grad and value.dtype.is_floating_point
         )
 

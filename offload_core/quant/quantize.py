@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .model_tensors import module_slots, place
+from ..runtime.memory import trim_heap
+from .model_tensors import module_tensors, place
 from .presets import Preset, resolve_preset
 from .report import LayerReport, QuantReport
 from .selection import (
@@ -21,7 +22,6 @@ from .selection import (
     is_quantized,
     module_bytes,
 )
-from .trim import release_free_memory
 
 # Rows quantized at a time. torchao's temporaries are 4-8x its input (measured: 288 MB for a
 # 72 MB bf16 3072x12288 layer with int8, 540 MB with float8); in slices they stay small, so
@@ -92,13 +92,13 @@ def _quantize_rows(weight: torch.Tensor, config: Any, rows: int) -> torch.Tensor
         for k in names:
             full[k][start : start + rows].copy_(getattr(piece, k))
         del piece
-        release_free_memory()
+        trim_heap()
     return cls.__tensor_unflatten__(full, ctx, weight.shape, weight.stride())  # type: ignore[attr-defined,no-any-return]
 
 
 def move_direct(module: nn.Module, device: torch.device) -> None:
     """Moves the tensors ``module`` owns directly (its children move on their own turn)."""
-    for s in module_slots("", module):
+    for s in module_tensors("", module):
         t = s.get()
         if t.device != device:
             place(s, t.to(device), requires_grad=t.requires_grad)

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..runtime.memory import fmt_bytes
+from ..units import fmt_bytes
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The cold load: read, quantize and place one layer at a time from a safetensors checkpoint.
+"""The cold load: read, quantize and place one layer at a time from a safetensors checkpoint
+(read through its ``CheckpointIndex``, sources/checkpoint.py).
 
 Memory: a weight that will be quantized is read into one reused staging buffer (sized for the
 largest such weight); torchao writes its quantized copy into new tensors and the staging
@@ -9,7 +10,6 @@ so a weight used in place at an arbitrary file offset computes different low bit
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,48 +17,25 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ConfigError
-from ..formats.safetensors import Header, StoredTensor, read_into, read_new
+from ..formats.safetensors import StoredTensor, byte_view
 from ..model.layout import tensor_nbytes
-from .model_tensors import module_slots, place, state_names
+from ..runtime.memory import trim_heap
+from ..sources.checkpoint import CheckpointIndex
+from .model_tensors import module_tensors, place, state_names
 from .presets import Preset
 from .quantize import move_direct, quantize_linear
 from .report import LayerReport
 from .selection import DECLINED, LayerChoice, is_quantized, module_bytes
-from .trim import release_free_memory
 
 Progress = Callable[[int, int], object]
 
 
-def check_checkpoint_matches(model: nn.Module, header: Header) -> None:
-    """Every persistent tensor of the model is in the checkpoint with the same shape."""
-    missing: list[str] = []
-    wrong: list[str] = []
-    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    for tid, keys in state_names(model).items():
-        key = next((k for k in keys if k in header.entries), None)
-        if key is None:
-            missing.append(keys[0])
-        elif header.entries[key].shape != tuple(tensors[tid].shape):
-            wrong.append(
-                f"{key} {list(header.entries[key].shape)} != model {list(tensors[tid].shape)}"
-            )
-    if missing or wrong:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} tensors missing (first: {', '.join(missing[:3])})")
-        if wrong:
-            parts.append(f"{len(wrong)} shapes differ (first: {'; '.join(wrong[:3])})")
-        raise ConfigError(
-            "checkpoint",
-            f"{header.path} does not match the model: {', '.join(parts)}; "
-            "pick the checkpoint this model was saved as, or the build that makes its model",
-        )
-
-
-def _entry(header: Header, names: dict[int, list[str]], meta: torch.Tensor) -> StoredTensor:
-    """The checkpoint entry of a meta tensor, under whichever of its (tied) names is stored."""
-    return header.entries[next(k for k in names[id(meta)] if k in header.entries)]
+def _entry(
+    index: CheckpointIndex, keys: dict[str, str], names: Any, meta: torch.Tensor
+) -> StoredTensor:
+    """The checkpoint entry of a meta tensor (``keys``: ``CheckpointIndex.match``'s, by each
+    of a tied tensor's names)."""
+    return index.entries[keys[names[id(meta)][0]]]
 
 
 def _weight(c: LayerChoice) -> torch.Tensor:
@@ -76,8 +53,8 @@ def _aliases(t: torch.Tensor, buffer: torch.Tensor) -> bool:
 class _Stream:
     """What every layer of one stream_quantize call shares."""
 
-    file: io.FileIO
-    header: Header
+    index: CheckpointIndex  # open for reads
+    keys: dict[str, str]  # model name -> checkpoint key (CheckpointIndex.match)
     names: Any  # state_names(model)
     staging: torch.Tensor | None  # one reused buffer for the weights to quantize
     device: torch.device
@@ -89,7 +66,8 @@ class _Stream:
 
 def stream_quantize(
     model: nn.Module,
-    header: Header,
+    index: CheckpointIndex,
+    keys: dict[str, str],
     choices: list[LayerChoice],
     preset: Preset,
     device: torch.device,
@@ -103,11 +81,11 @@ def stream_quantize(
     config = preset.make_config() if preset.quantizes else None
     # The checkpoint's bytes (its dtype may be wider than the model's) of every weight to quantize.
     names = state_names(model)
-    staged = [_entry(header, names, _weight(c)).nbytes for c in choices if c.quantize]
+    staged = [_entry(index, keys, names, _weight(c)).nbytes for c in choices if c.quantize]
     staging = torch.empty(max(staged), dtype=torch.uint8) if staged else None
     layers: list[LayerReport] = []
-    with open(header.path, "rb", buffering=0) as f:
-        st = _Stream(f, header, names, staging, device, quantize_device or device, config)
+    with index:
+        st = _Stream(index, keys, names, staging, device, quantize_device or device, config)
         for i, c in enumerate(choices):
             before, weight_id = _fill_layer(st, c)
             quantized, reason = c.quantize, c.reason
@@ -121,7 +99,7 @@ def stream_quantize(
                 progress(i + 1, len(choices))
         st.staging = None
     del staging
-    release_free_memory()
+    trim_heap()
     return layers
 
 
@@ -131,7 +109,7 @@ def _fill_layer(st: _Stream, c: LayerChoice) -> tuple[int, int | None]:
     model before quantizing, and the id of its meta weight."""
     before = 0
     weight_id = None
-    for s in module_slots(c.name, c.module):
+    for s in module_tensors(c.name, c.module):
         meta = s.get()
         if not s.persistent:  # built for real by the factory, not in checkpoints
             continue
@@ -141,12 +119,12 @@ def _fill_layer(st: _Stream, c: LayerChoice) -> tuple[int, int | None]:
         if id(meta) in st.placed:  # tied: choose_layers never quantizes a shared weight
             s.module._parameters[s.attr] = st.placed[id(meta)]  # type: ignore[assignment]
             continue
-        entry = _entry(st.header, st.names, meta)
+        entry = _entry(st.index, st.keys, st.names, meta)
         if c.quantize and s.attr == "weight" and st.staging is not None:
-            read_into(st.file, entry, st.staging)
+            st.index.read_into(entry, byte_view(st.staging))
             t = st.staging[: entry.nbytes].view(entry.dtype).view(entry.shape)
         else:
-            t = read_new(st.file, entry)
+            t = st.index.read_stored(entry)
         target = st.qdev if c.quantize else st.device
         place(s, t.to(device=target, dtype=meta.dtype), meta.requires_grad)
         st.keep_alive.append(meta)
@@ -163,10 +141,10 @@ def _quantize_layer(st: _Stream, c: LayerChoice, weight_id: int | None) -> tuple
         quantized, reason = False, DECLINED
         if st.staging is not None and _aliases(c.module.weight, st.staging):
             # Still a view of the staging buffer, which the next layer overwrites.
-            weight_slot = next(s for s in module_slots(c.name, c.module) if s.attr == "weight")
+            weight_slot = next(s for s in module_tensors(c.name, c.module) if s.attr == "weight")
             place(weight_slot, c.module.weight.clone())
     if st.qdev != st.device:
         move_direct(c.module, st.device)
     st.placed[weight_id] = c.module.weight
-    release_free_memory()
+    trim_heap()
     return quantized, reason

@@ -50,6 +50,7 @@ class Engine:
         counters: Counters,
         staged: bool,
         repair: Callable[[GroupRuntime], bool] | None = None,
+        read_threads: int = 4,
     ) -> None:
         self.root = root
         #: Rewrites a damaged group's file from its source of truth (sources/repair.py).
@@ -66,17 +67,14 @@ class Engine:
             counters,
             self.schedule.ring_bytes if slotted else 0,
             (prefetch_depth + 1, slot_bytes) if staged else None,
+            read_threads,
         )
         self._ids = {id(g): i for i, g in enumerate(groups)}  # a group's number in the schedule
         self.inflight: dict[int, Load] = {}  # by step: the loads the schedule planned
-        self.current: GroupRuntime | None = None
+        #: The load computing now: its group, the slot its tensors point into, its region.
+        self.current: Load | None = None
         self.never_ran: list[str] = []
         self._hooks: list[Any] = []
-
-    @property
-    def arena(self) -> torch.Tensor | None:
-        """The device ring the slots are regions of (None: no group needs a slot)."""
-        return self.transfers.arena
 
     # -- hooks ----------------------------------------------------------------------------
     def install(self) -> None:
@@ -117,7 +115,7 @@ class Engine:
 
     # -- the schedule, carried out ------------------------------------------------------------
     def enter(self, g: GroupRuntime) -> None:
-        if g is self.current:
+        if self.current is not None and g is self.current.group:
             return
         if torch.is_grad_enabled() and g.requires_grad:
             raise InferenceOnlyError(
@@ -138,7 +136,7 @@ class Engine:
         for p in planned:
             g = self.groups[p.group]
             slot = self.transfers.slot_at(p.offset, p.size) if g.source.uses_slot else None
-            ready = g.source.load(self.transfers, slot, p.step)
+            ready = g.source.load(self.transfers, slot)
             self.inflight[p.step] = Load(p, g, slot, ready)
 
     def _activate(self, load: Load) -> None:
@@ -151,20 +149,20 @@ class Engine:
             if self.repair is None or not self.repair(load.group):
                 raise
             g = load.group
-            load.ready = g.source.load(self.transfers, load.slot, load.planned.step)
+            load.ready = g.source.load(self.transfers, load.slot)
             self.transfers.wait_ready(load.ready)
         if load.slot is not None:
             load.group.to_slot(load.slot)
-        self.current = load.group
+        self.current = load
 
     def _release_current(self) -> None:
-        g, self.current = self.current, None
-        if g is None:
+        load, self.current = self.current, None
+        if load is None:
             return
-        if g.slot is not None:
-            self.transfers.slot_done(g.slot)
-            g.to_host()
-        g.source.release()  # a mapped group's pages go (its forward has returned)
+        if load.slot is not None:
+            self.transfers.slot_done(load.slot)
+            load.group.to_host()
+        load.group.source.release()  # a mapped group's pages go (its forward has returned)
 
     def _drop(self, planned: list[Planned]) -> None:
         """Loads that will not be used. Reads still running finish first: their regions
@@ -175,7 +173,7 @@ class Engine:
                 load.ready.result()
             except Exception as e:  # the read is not used; a later read of it reports it
                 log.debug("ferry: a dropped prefetch of %s failed: %s", load.group.name, e)
-            if load.group is not self.current:
+            if self.current is None or load.group is not self.current.group:
                 load.group.source.discard()
 
     def _abort(self) -> None:

@@ -8,7 +8,7 @@ import torch
 
 from ..model.grouping import GroupSpec
 from ..model.layout import Entry
-from ..sources.base import WeightSource
+from .source import WeightSource
 
 if TYPE_CHECKING:
     from ..transfer.buffers import Slot
@@ -24,8 +24,8 @@ class GroupRuntime:
         self.spec = spec
         self.source = source
         self.host_forms = host_forms  # what each entry points at while offloaded
-        self.slot: Slot | None = None  # the slot its tensors point into right now
-        self._forms: list[torch.Tensor] = []  # the forms they point at there
+        self._forms: list[torch.Tensor] = []  # the forms they point at in a slot (the
+        # engine's current Load says which slot)
         self.requires_grad = any(e.requires_grad for e in spec.entries)
 
     @property
@@ -36,15 +36,12 @@ class GroupRuntime:
         self._forms = [_form_at(e, slot) for e in self.spec.entries]
         for e, form in zip(self.spec.entries, self._forms):
             e.point_at(form)
-        self.slot = slot
 
     def to_host(self) -> None:
-        assert self.slot is not None
         for e, host, form in zip(self.spec.entries, self.host_forms, self._forms):
             # A subclass went to the slot by swapping with the slot form, which has held the
             # host form since; swapping again restores both.
             e.point_at(host if e.subclass is None else form)
-        self.slot = None
         self._forms = []
 
 

@@ -19,7 +19,21 @@ from typing import Any
 
 import torch
 
+from ..units import fmt_bytes
 from .cgroup_memory import cgroup_available
+
+#: Formatting bytes belongs to units.py; nodes and bench import it from here too.
+__all__ = [
+    "DeviceMemory",
+    "PeakRssSampler",
+    "ProcessMemory",
+    "device_memory",
+    "fmt_bytes",
+    "process_memory",
+    "release_freed_memory",
+    "system_available_ram",
+    "trim_heap",
+]
 
 
 @dataclass(frozen=True)
@@ -190,13 +204,3 @@ def release_freed_memory() -> None:
     """Collects garbage (tensors kept alive by reference cycles), then trims the heap."""
     gc.collect()
     trim_heap()
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"

@@ -30,9 +30,10 @@ Invariants, which tests/test_schedule.py checks after every transition:
   - after ``top_up`` (while prefetching), the window holds at least ``min(depth,
     max_window)`` loads: never fewer ahead than by count;
   - the window's positions follow ``cursor`` consecutively around the order;
-  - ``cursor`` is the position of the group computing now, ``-1`` before a forward's first
-    group, or None when nothing should be prefetched (after an abort or a group that is not
-    in the order) until the next forward begins.
+  - what is planned next is a state (``Prefetch``): FOLLOWING the group computing now
+    (``cursor`` is its position), FROM_START before a forward's first group (``cursor``
+    -1), or STOPPED until the next forward begins, after an abort or a group that is not
+    in the order (``cursor`` None).
 The engine releases the group computing now (records its compute-done event) before every
 transition that plans (``take``, ``begin_forward``, ``retrace``, ``abort``), which therefore
 clear ``current``. A group that is not the window's head (a misprediction) drops the whole
@@ -45,7 +46,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ..model.layout import PAGE, align_up
+from ..model.layout import align_up
+from ..units import PAGE
 
 #: The window's count cap, per unit of depth: generous, as bytes limit it first; it bounds the
 #: loads queued on the load thread.
@@ -55,6 +57,14 @@ WINDOW_PER_DEPTH = 8
 class Phase(Enum):
     IDLE = "idle"  # between forwards
     IN_FORWARD = "in_forward"
+
+
+class Prefetch(Enum):
+    """What the schedule plans next."""
+
+    STOPPED = "stopped"  # nothing, until the next forward begins
+    FROM_START = "from_start"  # the order's first group (a forward is beginning)
+    FOLLOWING = "following"  # the groups after ``position``, the group computing now
 
 
 @dataclass(frozen=True)
@@ -92,7 +102,8 @@ class Schedule:
     phase: Phase = Phase.IDLE
     step: int = 0  # activation number of the group computing now (0: none yet)
     next_step: int = 1
-    cursor: int | None = None
+    prefetch: Prefetch = Prefetch.STOPPED
+    position: int = 0  # in the order, of the group computing now (while FOLLOWING)
     observed: list[int] = field(default_factory=list)
     retraced: int = 0
     #: The region of the group computing now (released regions are not tracked here).
@@ -108,6 +119,20 @@ class Schedule:
         self.ring_bytes = (self.depth + 1) * self.slot_bytes
         self.max_window = WINDOW_PER_DEPTH * self.depth
 
+    @property
+    def cursor(self) -> int | None:
+        """The position loads are planned after: the group computing now's while
+        following, -1 from the start, None when stopped."""
+        if self.prefetch is Prefetch.STOPPED:
+            return None
+        return self.position if self.prefetch is Prefetch.FOLLOWING else -1
+
+    def _follow(self, pos: int | None) -> None:
+        if pos is None:
+            self.prefetch = Prefetch.STOPPED  # a group outside the order: nothing to follow
+        else:
+            self.prefetch, self.position = Prefetch.FOLLOWING, pos
+
     def live(self) -> list[Planned]:
         """The regions in use, oldest first: the group computing now, then the window."""
         return ([self.current] if self.current is not None else []) + list(self.window)
@@ -121,7 +146,7 @@ class Schedule:
         self.current = None  # released by the engine before
         if self.window:
             return []  # the previous forward already prefetched this one's first groups
-        self.cursor = -1
+        self.prefetch = Prefetch.FROM_START
         return self.top_up()
 
     def take(self, group: int) -> Take:
@@ -136,16 +161,17 @@ class Schedule:
             dropped = self.drop_window()
             load, on_demand = self._plan(pos, group), True
         self.step = load.step
-        self.cursor = load.pos
+        self._follow(load.pos)
         self.current = load
         return Take(load, dropped, on_demand)
 
     def top_up(self) -> list[Planned]:
         """Plans loads until the window is full; returns them, to start in this order."""
-        if self.cursor is None or not self.order:
+        cursor = self.cursor
+        if cursor is None or not self.order:
             return []
         n = len(self.order)
-        last = self.window[-1].pos if self.window else self.cursor
+        last = self.window[-1].pos if self.window else cursor
         planned = []
         while len(self.window) < self.max_window and last is not None:
             last = (last + 1) % n
@@ -170,7 +196,7 @@ class Schedule:
             self.order = list(self.observed)
             self.retraced += 1
         dropped = self.drop_window()
-        self.cursor = -1
+        self.prefetch = Prefetch.FROM_START
         self.current = None  # the forward's last group was released before
         return never_ran, dropped, self.top_up()
 
@@ -178,7 +204,7 @@ class Schedule:
         """A forward raised, or the engine is being quiesced: nothing planned, nothing
         prefetched until the next forward begins. Returns the loads to drop."""
         self.phase = Phase.IDLE
-        self.cursor = None
+        self.prefetch = Prefetch.STOPPED
         self.current = None
         return self.drop_window()
 
@@ -221,7 +247,8 @@ class Schedule:
     def _position_of(self, group: int) -> int | None:
         """The group's next position in the order after the cursor (None: not in it)."""
         n = len(self.order)
-        start = (self.cursor + 1) if self.cursor is not None else 0
+        cursor = self.cursor
+        start = (cursor + 1) if cursor is not None else 0
         for k in range(n):
             p = (start + k) % n
             if self.order[p] == group:

@@ -87,7 +87,3 @@ class OffloadStats:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def gbps(nbytes: int, seconds: float) -> float | None:
-    return nbytes / seconds / 1e9 if seconds > 0 and nbytes > 0 else None

@@ -13,11 +13,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DiskPathError
+from ..errors import ConfigError, DiskPathError
+from ..policy import parse_disk_path
+from ..units import GIB, MIB
 
 #: Free space kept beside the group files, so Ferry never fills a disk to the last byte.
 SPACE_MARGIN = 64 << 20
-GIB = 1 << 30
 
 
 def make_root(disk_path: str) -> tuple[Path, list[Path]]:
@@ -51,8 +52,8 @@ def check_room(root: Path, need_bytes: int, reclaim: int) -> None:
     if free < need_bytes + SPACE_MARGIN:
         raise DiskPathError(
             "disk_path",
-            f"{root} has {free / 2**30:.2f} GB free but the offloaded groups need "
-            f"{need_bytes / 2**30:.2f} GB (+{SPACE_MARGIN >> 20} MB margin); free space or "
+            f"{root} has {free / GIB:.2f} GB free but the offloaded groups need "
+            f"{need_bytes / GIB:.2f} GB (+{SPACE_MARGIN // MIB} MB margin); free space or "
             "choose a disk_path on a larger drive",
         )
 
@@ -75,8 +76,6 @@ def make_folder(root: Path, folder: Path) -> None:
 # function, so a folder gets the same verdict and the same words in both. It only stats and
 # asks access(): it never creates, writes or deletes anything. The applying path above keeps
 # its own create + real-write probe, because access() can be wrong (ACLs, some network mounts).
-
-_ASK_FOR_FOLDER = "type a folder on a fast disk (an SSD/NVMe), e.g. /mnt/nvme/ferry"
 
 
 @dataclass(frozen=True)
@@ -101,22 +100,17 @@ class FolderCheck:
 
 def size_text(n: int) -> str:
     # Small test models would all read "0.00 GB".
-    return f"{n / GIB:.2f} GB" if n >= GIB // 10 else f"{n / (1 << 20):.1f} MB"
+    return f"{n / GIB:.2f} GB" if n >= GIB // 10 else f"{n / MIB:.1f} MB"
 
 
 def check_disk_folder(text: str | None, needed_bytes: int | None = None) -> FolderCheck:
     """Checks ``text`` as the disk tier's folder for ``needed_bytes`` of group files (plus
     ``SPACE_MARGIN``): a full path, a folder or creatable, writable, roomy. Read-only."""
-    raw = (text or "").strip()
-    if not raw:
-        return FolderCheck(False, _ASK_FOR_FOLDER)
-    if "\x00" in raw:
-        # Path.exists() answers False for a NUL byte instead of failing: catch it here.
-        return FolderCheck(False, "not a usable path (it contains a NUL character)")
     try:
-        path = Path(raw).expanduser()
-        if not path.is_absolute():
-            return FolderCheck(False, f"use a full path (starting with / or a drive), not {raw!r}")
+        path = Path(parse_disk_path(text)).expanduser()  # the setting's one parser first
+    except ConfigError as e:
+        return FolderCheck(False, str(e).removeprefix(f"{e.setting}: "))
+    try:
         problem, anchor = _why_unusable(path)
         if problem:
             return FolderCheck(False, problem, path)

@@ -1,5 +1,5 @@
 """A group read from a file into a slot each time it runs: Ferry's own group file or the
-user's checkpoint (both a checked ReadPlan, sources/reads.py)."""
+user's checkpoint (both a checked ReadPlan, disk/plan.py, read by the one reader)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .reads import ReadPlan, read_all
+from ..disk.plan import ReadPlan
+from ..disk.reader import read_all
 
 if TYPE_CHECKING:
     from ..transfer.backend import Backend
@@ -22,9 +23,9 @@ class FileSource:
     def __init__(self, plan: ReadPlan) -> None:
         self.plan = plan
 
-    def load(self, transfers: Transfers, slot: Slot | None, step: int) -> Future[Any]:
+    def load(self, transfers: Transfers, slot: Slot | None) -> Future[Any]:
         assert slot is not None
-        return transfers.read_file(self.plan, slot, step)
+        return transfers.read_file(self.plan, slot)
 
     def release(self) -> None:
         pass

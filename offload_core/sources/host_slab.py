@@ -19,7 +19,7 @@ class HostSlabSource:
     def __init__(self, slab: torch.Tensor) -> None:
         self.slab = slab
 
-    def load(self, transfers: Transfers, slot: Slot | None, step: int) -> Future[Any]:
+    def load(self, transfers: Transfers, slot: Slot | None) -> Future[Any]:
         assert slot is not None
         return transfers.copy_slab(slot, self.slab, self.slab.numel())
 

@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..disk.plan import ReadPlan, check_chunk, check_identity, damaged_hint
+from ..disk.reader import read_all
 from ..errors import CorruptGroupFileError
-from .reads import ReadPlan, check_chunk, check_identity, damaged_hint, read_all
 
 if TYPE_CHECKING:
     from ..transfer.backend import Backend
@@ -62,7 +63,7 @@ class MappedSource:
         self.mm: mmap.mmap | None = mm
         self.length = max(c.file_offset + c.nbytes for c in plan.chunks)
 
-    def load(self, transfers: Transfers, slot: Slot | None, step: int) -> Future[Any]:
+    def load(self, transfers: Transfers, slot: Slot | None) -> Future[Any]:
         return transfers.run_read(self.plan.nbytes, self._fault_in)
 
     def discard(self) -> None:

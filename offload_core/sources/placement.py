@@ -1,11 +1,11 @@
 """Placing a model's groups on their sources, and putting everything back.
 
-This is the one place that decides which source a group gets (``_source_for``): a resident
-device buffer under a VRAM budget, a host slab for the RAM tiers, and for the disk tier the
-user's checkpoint when its bytes are the model's, else Ferry's own group file (computed from
-in place, mapped, on a CPU, when ``choose_cpu_read`` says so). Weights move group by group and each group's original storage
-is released as soon as its copy is in place, so the model is never twice in RAM; if anything
-fails half-way, the groups already placed are put back.
+One ``Placement`` for every model; where the bytes come from is its ``origin`` (origin.py:
+the model's own tensors, or a meta-built model's checkpoint). A group kept on the device
+under a VRAM budget gets a device buffer; every streamed group gets the source the first kind
+in sources/kinds.py makes for it. Weights move group by group and each group's original
+storage is released as soon as its copy is in place, so the model is never twice in RAM; if
+anything fails half-way, the groups already placed are put back.
 """
 
 from __future__ import annotations
@@ -13,27 +13,26 @@ from __future__ import annotations
 import logging
 import mmap
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
 import torch
 from torch import nn
 
+from ..disk.files import files
+from ..disk.plan import ReadPlan
+from ..errors import WeightsLostError
 from ..model.grouping import GroupSpec
 from ..model.layout import Entry
 from ..model.plan import OffloadPlan
-from ..policy import DiskTier, PinnedRamTier
+from ..policy import DiskTier, PinnedRamTier, Tier
 from ..runtime.group import GroupRuntime
 from ..runtime.memory import system_available_ram
 from ..transfer.backend import Backend
-from .base import WeightSource
-from .checkpoint import Index, checkpoint_plan, checkpoint_spans, find_prefix, read_checkpoint_index
 from .file_source import FileSource
-from .host_slab import HostSlabSource
+from .kinds import Made, Placed, make_source
 from .mapped import MappedSource, can_map
-from .reads import ReadPlan, reserve_descriptors
-from .repair import drop_group, in_index, lost_error, refill_from_index
-from .resident import ResidentSource
+from .origin import Origin
+from .resident import DeviceBytes, ResidentGroup
 from .store import GroupStore
 
 log = logging.getLogger("ferry")
@@ -43,6 +42,7 @@ HEADER_ALLOWANCE = 65536
 #: cpu_read="auto" copies into slots while they take at most this share of the RAM available
 #: at apply; above it RAM is the constraint and the groups are computed from the mapping.
 COPY_RAM_SHARE = 0.25
+META = torch.device("meta")
 
 
 def choose_cpu_read(
@@ -77,38 +77,42 @@ def available_ram() -> int | None:
 class Placement:
     """Moves a model's tensors onto their sources and back."""
 
-    def __init__(self, model: nn.Module, plan: OffloadPlan, backend: Backend, name: str) -> None:
+    def __init__(
+        self, model: nn.Module, plan: OffloadPlan, backend: Backend, name: str, origin: Origin
+    ) -> None:
         self.model = model
         self.plan = plan
+        self.tier: Tier = plan.policy.tier
         self.backend = backend
         self.name = name
-        self.runtimes: list[GroupRuntime] = []  # every group, in order
+        self.origin = origin
+        self.runtimes: list[GroupRuntime | ResidentGroup] = []  # every group, in order
         self.outside_moved: list[tuple[nn.Module, str, bool, torch.device]] = []
         self.store: GroupStore | None = None
         self.notes: list[str] = []
-        self._checkpoint: tuple[Path, Index, str] | None = None
         self._mmaps: dict[str, tuple[mmap.mmap, torch.Tensor]] = {}
         self.cpu_read: Literal["mapped", "copy"] = "copy"
 
     @property
     def streamed(self) -> list[GroupRuntime]:
-        return [rt for rt, gp in zip(self.runtimes, self.plan.groups) if not gp.resident]
+        return [rt for rt in self.runtimes if isinstance(rt, GroupRuntime)]
 
     # -- apply -------------------------------------------------------------------------------
     def build(self, progress: Progress | None) -> None:
         plan = self.plan
         groups = plan.grouping.groups
         try:
-            if isinstance(plan.policy.tier, DiskTier):
-                self._open_disk(plan.policy.tier)
-            scratch: torch.Tensor | None = None
-            for i, (spec, gp) in enumerate(zip(groups, plan.groups)):
-                if isinstance(plan.policy.tier, DiskTier) and not gp.resident and scratch is None:
-                    scratch = torch.empty(plan.slot_bytes, dtype=torch.uint8)
-                self.runtimes.append(self._place(spec, gp.resident, scratch))
-                if progress is not None:
-                    progress(i + 1, len(groups))
-            self._move_outside()
+            with self.origin.opened(plan, self.notes):
+                if isinstance(self.tier, DiskTier):
+                    self._open_disk(self.tier)
+                scratch: torch.Tensor | None = None
+                for i, (spec, gp) in enumerate(zip(groups, plan.groups)):
+                    if isinstance(self.tier, DiskTier) and not gp.resident and scratch is None:
+                        scratch = torch.empty(plan.slot_bytes, dtype=torch.uint8)
+                    self.runtimes.append(self._place(spec, gp.resident, scratch))
+                    if progress is not None:
+                        progress(i + 1, len(groups))
+                self._move_outside()
             if self.store is not None:
                 self.store.mark_ready()
         except BaseException:
@@ -116,19 +120,17 @@ class Placement:
             raise
 
     def _open_disk(self, tier: DiskTier) -> None:
-        """Reads the checkpoint's index and claims the folder before anything moves."""
-        if tier.source_checkpoint:
-            self._checkpoint = self._read_checkpoint(Path(tier.source_checkpoint))
+        """Claims the folder, sized for what will be written, before anything moves."""
         need = sum(
             g.nbytes + HEADER_ALLOWANCE
             for g, gp in zip(self.plan.grouping.groups, self.plan.groups)
-            if not gp.resident and not self._in_checkpoint(g.entries)
+            if not gp.resident and not self.origin.verbatim(g.entries)
         )
         if self.backend.synchronous:
             self._choose_cpu_read(tier)
         # Each streamed group keeps its file open: to read, with O_DIRECT beside it
-        # (sources/reads.py), and the descriptor Python's mmap keeps for its forms.
-        reserve_descriptors(3 * sum(not gp.resident for gp in self.plan.groups))
+        # (disk/reader.py), and the descriptor Python's mmap keeps for its forms.
+        files().reserve_descriptors(3 * sum(not gp.resident for gp in self.plan.groups))
         self.store = GroupStore.open(tier.path, self.name, need)
         self.store.direct_io = tier.direct_io
         if self.store.stale_note:
@@ -144,23 +146,6 @@ class Placement:
                 f"{self.plan.slot_bytes >> 20} MiB; see choose_cpu_read)"
             )
 
-    def _read_checkpoint(self, path: Path) -> tuple[Path, Index, str] | None:
-        index = read_checkpoint_index(path)
-        names = [e.qualname for g in self.plan.grouping.groups for e in g.entries]
-        prefix = find_prefix(names, index)
-        if prefix is None:
-            self.notes.append(
-                "source_checkpoint holds none of the model's tensors: groups are written"
-            )
-            return None
-        return path, index, prefix
-
-    def _in_checkpoint(self, entries: list[Entry]) -> bool:
-        if self._checkpoint is None:
-            return False
-        _, index, prefix = self._checkpoint
-        return checkpoint_spans(entries, index, prefix) is not None
-
     def _slab_for(
         self, spec: GroupSpec, resident: bool, scratch: torch.Tensor | None
     ) -> torch.Tensor:
@@ -172,75 +157,23 @@ class Placement:
             buf = scratch[: spec.nbytes]
             buf.zero_()  # padding bytes are part of the checksummed data
             return buf
-        pinned = isinstance(self.plan.policy.tier, PinnedRamTier) and self.backend.can_pin
+        pinned = isinstance(self.tier, PinnedRamTier) and self.backend.can_pin
         return self.backend.empty_host(spec.nbytes, pinned=pinned)
 
-    def _place(self, spec: GroupSpec, resident: bool, scratch: torch.Tensor | None) -> GroupRuntime:
+    def _place(
+        self, spec: GroupSpec, resident: bool, scratch: torch.Tensor | None
+    ) -> GroupRuntime | ResidentGroup:
         buf = self._slab_for(spec, resident, scratch)
-        for e in spec.entries:
-            e.fill(buf, e.current())
-        source, forms = self._source_for(spec, buf, resident)
-        for e, f in zip(spec.entries, forms):
-            e.point_at(f)
-        return GroupRuntime(spec, source, [] if resident else forms)
-
-    def _source_for(
-        self, spec: GroupSpec, packed: torch.Tensor, resident: bool
-    ) -> tuple[WeightSource, list[torch.Tensor]]:
-        """The group's source and the forms its tensors take while it does not compute."""
-        tier = self.plan.policy.tier
+        verbatim = self.origin.fill(spec, buf)
         if resident:
-            return ResidentSource(packed), [e.build(packed) for e in spec.entries]
-        if not isinstance(tier, DiskTier):
-            return HostSlabSource(packed), [e.build(packed) for e in spec.entries]
-        read_plan = self._from_checkpoint(spec, packed)
-        if read_plan is not None:
-            read_plan.verify_every_read = tier.verify == "every_read"
-            return FileSource(read_plan), self._file_forms(spec, read_plan, checkpoint=True)
-        assert self.store is not None
-        read_plan = self.store.write_group(spec.index, spec.entries, packed)
-        read_plan.verify_every_read = tier.verify == "every_read"
-        forms = self._file_forms(spec, read_plan, checkpoint=False)
-        if self.backend.synchronous and self.cpu_read == "mapped" and can_map():
-            return MappedSource(read_plan, self._mapping(read_plan)[0]), forms
-        return FileSource(read_plan), forms
-
-    def _from_checkpoint(self, spec: GroupSpec, packed: torch.Tensor) -> ReadPlan | None:
-        if self._checkpoint is None:
-            return None
-        path, index, prefix = self._checkpoint
-        return checkpoint_plan(path, spec.entries, packed, index, prefix, self._direct_io())
-
-    def _direct_io(self) -> bool:
-        """Whether reads of the user's checkpoint get an O_DIRECT descriptor (the tier's
-        ``direct_io``, as for the group files)."""
-        return self.store is None or self.store.direct_io
-
-    def _mapping(self, plan: ReadPlan) -> tuple[mmap.mmap, torch.Tensor]:
-        key = str(plan.path)
-        if key not in self._mmaps:
-            # Copy-on-write: a stray in-place write from user code never reaches the file.
-            mm = mmap.mmap(plan.fd, 0, access=mmap.ACCESS_COPY)
-            self._mmaps[key] = (mm, torch.frombuffer(mm, dtype=torch.uint8))
-        return self._mmaps[key]
-
-    def _file_forms(self, spec: GroupSpec, plan: ReadPlan, checkpoint: bool) -> list[torch.Tensor]:
-        """Views of the file's mapping: the group's tensors while it is not computing (the
-        model reads as usual; nothing is in RAM until touched)."""
-        _, whole = self._mapping(plan)
-        if not checkpoint:
-            data = whole[plan.chunks[0].file_offset :]
-            return [e.build(data) for e in spec.entries]
-        assert self._checkpoint is not None
-        _, index, prefix = self._checkpoint
-        forms = []
-        for e in spec.entries:
-            t = index[prefix + e.qualname]
-            part = e.parts[0]
-            forms.append(whole[t.start : t.start + t.nbytes].view(part.dtype).view(part.size))
-        return forms
+            _point_all(spec.entries, [e.build(buf) for e in spec.entries])
+            return ResidentGroup(spec, DeviceBytes(buf))
+        source, forms = make_source(self, Placed(spec, buf, verbatim))
+        _point_all(spec.entries, forms)
+        return GroupRuntime(spec, source, forms)
 
     def _move_outside(self) -> None:
+        self.origin.place_outside(self.model, self.plan)
         dev = self.plan.device
         seen: set[int] = set()
         for m, attr, is_param in self.plan.grouping.resident:
@@ -252,29 +185,62 @@ class Placement:
                 self.outside_moved.append((m, attr, is_param, t.device))
                 _move(m, attr, is_param, dev)
 
-    # -- repair (sources/repair.py): a plain model's only copy is Ferry's -------------------
-    def has_truth(self, spec: GroupSpec) -> bool:
-        """Whether the group's bytes can be had again from somewhere other than its source:
-        DiskTier(source_checkpoint=...) holding its tensors (repair checks the bytes match)."""
-        return self._checkpoint is not None and in_index(
-            self._checkpoint[1], self._checkpoint[2], spec
-        )
+    # -- what the source kinds ask (sources/kinds.py: Placing) -------------------------------
+    def write_group(self, spec: GroupSpec, packed: torch.Tensor) -> ReadPlan:
+        assert self.store is not None and isinstance(self.tier, DiskTier)
+        plan = self.store.write_group(spec.index, spec.entries, packed)
+        plan.verify_every_read = self.tier.verify == "every_read"
+        return plan
 
-    def refill(self, spec: GroupSpec, buf: torch.Tensor) -> None:
-        assert self._checkpoint is not None
-        refill_from_index(*self._checkpoint, spec, buf)
+    def group_file_source(self, spec: GroupSpec, plan: ReadPlan) -> Made:
+        data = self._mapping(plan)[1][plan.chunks[0].file_offset :]
+        forms = [e.build(data) for e in spec.entries]
+        if self.backend.synchronous and self.cpu_read == "mapped" and can_map():
+            return MappedSource(plan, self._mapping(plan)[0]), forms
+        return FileSource(plan), forms
 
-    def truth_name(self) -> str:
-        return self._checkpoint[0].name if self._checkpoint is not None else "nowhere"
+    def checkpoint_forms(self, spec: GroupSpec, plan: ReadPlan) -> list[torch.Tensor]:
+        """Views of the file's mapping: the group's tensors while it is not computing (the
+        model reads as usual; nothing is in RAM until touched)."""
+        _, whole = self._mapping(plan)
+        at = {c.buf_offset: c.file_offset for c in plan.chunks}
+        forms = []
+        for e in spec.entries:
+            part = e.parts[0]
+            start = at[part.offset]
+            forms.append(whole[start : start + part.nbytes].view(part.dtype).view(part.size))
+        return forms
 
-    def forget_mapping(self, key: str) -> None:
-        self._mmaps.pop(key, None)
+    def _mapping(self, plan: ReadPlan) -> tuple[mmap.mmap, torch.Tensor]:
+        key = str(plan.path)
+        if key not in self._mmaps:
+            # Copy-on-write: a stray in-place write from user code never reaches the file.
+            mm = mmap.mmap(plan.fd, 0, access=mmap.ACCESS_COPY)
+            self._mmaps[key] = (mm, torch.frombuffer(mm, dtype=torch.uint8))
+        return self._mmaps[key]
+
+    # -- repair (sources/repair.py) ----------------------------------------------------------
+    def rewrite(self, rt: GroupRuntime, slab: torch.Tensor) -> ReadPlan:
+        """The group's file written anew from ``slab`` (its folder made again if deleted);
+        the group gets a fresh source on the same read path and fresh host forms.
+        [Note: repairing a group under the engine] in repair.py says when this is safe."""
+        assert self.store is not None
+        old = rt.source
+        self.store.reopen()
+        plan = self.write_group(rt.spec, slab)
+        self._mmaps.pop(str(plan.path), None)  # the old file's mapping
+        rt.source, rt.host_forms = self.group_file_source(rt.spec, plan)
+        old.close(self.backend)
+        _point_all(rt.spec.entries, rt.host_forms)
+        return plan
 
     # -- remove / roll back ------------------------------------------------------------------
     def restore_all(self) -> None:
-        """Every tensor back on its original device, as a fresh ordinary tensor."""
+        """Every tensor back on its original device, as a fresh ordinary tensor (a tensor
+        whose home is its checkpoint back on the meta device, read from nowhere)."""
+        self.origin.restore_outside()
         errors: list[BaseException] = []
-        lost: list[GroupRuntime] = []
+        lost: list[GroupRuntime | ResidentGroup] = []
         for rt in self.runtimes:
             try:
                 self._restore_group(rt)
@@ -293,13 +259,28 @@ class Placement:
         if errors:
             raise lost_error(lost, errors[0])
 
-    def _restore_group(self, rt: GroupRuntime) -> None:
+    def _restore_group(self, rt: GroupRuntime | ResidentGroup) -> None:
         spec = rt.spec
-        src = rt.source.host_bytes(spec.nbytes)
-        for e in spec.entries:
-            e.point_at(_fresh(e, src))
+        if all(e.orig_device == META for e in spec.entries):
+            for e in spec.entries:
+                part = e.parts[0]
+                e.put(torch.empty_strided(part.size, part.stride, dtype=part.dtype, device=META))
+        else:
+            src = rt.source.host_bytes(spec.nbytes)
+            for e in spec.entries:
+                e.point_at(_fresh(e, src))
         rt.host_forms = []
         rt.source.close(self.backend)
+
+
+def _point_all(entries: list[Entry], forms: list[torch.Tensor]) -> None:
+    """Each entry's module at its form: a tensor that waits in its file (meta) is replaced,
+    any other keeps its object (``Entry.point_at``)."""
+    for e, f in zip(entries, forms):
+        if e.orig_device == META:
+            e.put(f)
+        else:
+            e.point_at(f)
 
 
 def _fresh(e: Entry, src: torch.Tensor) -> torch.Tensor:
@@ -331,3 +312,28 @@ def _move(m: nn.Module, attr: str, is_param: bool, dev: torch.device) -> None:
             table[attr] = moved
     else:
         t.data = t.data.to(dev)
+
+
+def drop_group(rt: GroupRuntime | ResidentGroup, backend: Backend) -> None:
+    """A group whose bytes cannot be read back: its tensors go to the meta device (a model
+    that uses them fails loudly, never computes on garbage) and its source is closed."""
+    for e in rt.spec.entries:
+        cur = e.current()
+        meta = torch.empty_like(cur, device="meta")
+        if e.is_param:
+            e.module._parameters[e.attr] = torch.nn.Parameter(meta, requires_grad=False)
+        else:
+            e.module._buffers[e.attr] = meta
+    rt.host_forms = []
+    try:
+        rt.source.close(backend)
+    except OSError as e:  # the descriptor is gone with the file's weights: nothing to keep
+        log.debug("ferry: closing %s: %s", rt.name, e)
+
+
+def lost_error(lost: list[GroupRuntime | ResidentGroup], first: BaseException) -> BaseException:
+    """The error remove() raises once everything else is restored."""
+    if not lost or not isinstance(first, Exception):
+        return first  # an interrupt stays an interrupt
+    files = [str(getattr(getattr(rt.source, "plan", None), "path", rt.name)) for rt in lost]
+    return WeightsLostError([rt.name for rt in lost], files, first)

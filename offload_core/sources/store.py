@@ -7,7 +7,7 @@ Rules that keep a user's data safe:
 - A group file is written to ``*.tmp`` and renamed only once complete and fsynced, so a crash or
   a full disk never leaves a file that looks whole. The marker says "writing" until every group
   is on disk; a folder left "writing" by a dead process is stale and is rewritten.
-- Every read is checked (reads.py, [Note: what is checked when]).
+- Every read is checked (disk/plan.py, [Note: what is checked when]).
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ import json
 import os
 import re
 import time
-import zlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..disk.plan import CHUNK, ReadPlan, checksummed, open_plan
 from ..errors import DiskPathError
-from ..formats.safetensors import NAMES, aligned_header
+from ..formats.safetensors import NAMES, aligned_header, byte_view
 from ..model.layout import Entry
 from . import disk_folder
-from .reads import CHUNK, Chunk, ReadPlan, bytes_view, open_plan
 
 MARKER = ".ferry-owned"
 _GROUP_FILE = re.compile(r"^group-\d{5}\.safetensors(\.tmp)?$")
@@ -102,9 +102,9 @@ class GroupStore:
         """Writes ``slab`` (the group's packed bytes, on the CPU) as a safetensors file."""
         path = self.folder / f"group-{index:05d}.safetensors"
         tmp = path.with_name(path.name + ".tmp")
-        data = bytes_view(slab)
-        crcs = [zlib.crc32(data[o : o + CHUNK]) for o in range(0, len(data), CHUNK)]
-        header = group_header(entries, len(data), index, crcs)
+        data = byte_view(slab)
+        chunks = checksummed([(0, 0, len(data))], data)  # file offsets from the data's start
+        header = group_header(entries, len(data), index, [c.crc for c in chunks])
         try:
             with open(tmp, "wb") as f:
                 f.write(header)
@@ -124,10 +124,8 @@ class GroupStore:
                 ) from None
             raise
         self.written.append(path)
-        chunks = [
-            Chunk(len(header) + o, o, min(CHUNK, len(data) - o), c)
-            for o, c in zip(range(0, len(data), CHUNK), crcs)
-        ]
+        at = len(header)
+        chunks = [replace(c, file_offset=at + c.file_offset) for c in chunks]
         return open_plan(path, chunks, owned=True, direct=self.direct_io)
 
     def delete(self) -> None:

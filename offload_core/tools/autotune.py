@@ -28,11 +28,22 @@ import torch
 
 from ..errors import ConfigError
 from ..model.plan import plan_offload
-from ..policy import GIB, BlockLevel, DiskTier, OffloadPolicy, RamTier, Tier
+from ..policy import (
+    AUTO,
+    BlockLevel,
+    DiskTier,
+    OffloadPolicy,
+    RamTier,
+    Tier,
+    parse_gib,
+    parse_vram_budget,
+)
+from ..units import GIB
 from .measure import measure_policy
 
 #: Builds a fresh model and the keyword inputs of one forward: ``model(**inputs)``.
 ModelFactory = Callable[[], tuple[torch.nn.Module, dict[str, Any]]]
+_RAM_HELP = "type a number of GB above 0 (e.g. 16), or leave it empty for no limit"
 #: ``progress(done, total, what)`` after each step; bind a progress bar to it.
 Progress = Callable[[int, int, str], None]
 
@@ -50,17 +61,16 @@ class Budget:
                 raise ConfigError(name, f"must be a positive amount of memory or empty, got {v!r}")
 
     @classmethod
-    def from_gb(cls, vram_gb: float | None, ram_gb: float | None) -> Budget:
-        def conv(name: str, gb: float | None) -> int | None:
-            if gb is None:
-                return None
-            if isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0:
-                raise ConfigError(
-                    name, f"must be a number of GB > 0, or empty for no limit, got {gb!r}"
-                )
-            return int(gb * GIB)
-
-        return cls(conv("vram_budget_gb", vram_gb), conv("ram_budget_gb", ram_gb))
+    def from_gb(cls, vram_gb: Any, ram_gb: Any) -> Budget:
+        """The budgets as a user, a widget or the command line gives them, through the one
+        parser of each (policy.py): "6", 6 and 6.0 are 6 GiB, empty and 0 no limit."""
+        vram = parse_vram_budget(vram_gb)
+        if vram == AUTO:
+            raise ConfigError(
+                "vram_budget_gb", "the planner measures against a number of GB; type one "
+                "(e.g. 6) or leave it empty for no limit"
+            )  # fmt: skip
+        return cls(vram, parse_gib("ram_budget_gb", ram_gb, _RAM_HELP))
 
 
 @dataclass(frozen=True)
@@ -332,8 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--device", default=None, help="onload device (default: the accelerator, else cpu)"
     )
-    ap.add_argument("--vram-budget-gb", type=float, default=None, help="VRAM the plan may use")
-    ap.add_argument("--ram-budget-gb", type=float, default=None, help="RAM the plan may use")
+    ap.add_argument("--vram-budget-gb", default=None, help="VRAM the plan may use (GB)")
+    ap.add_argument("--ram-budget-gb", default=None, help="RAM the plan may use (GB)")
     ap.add_argument("--disk-path", default=None, help="also try the disk tier in this folder")
     ap.add_argument("--steps", type=int, default=3, help="timed forwards per plan (default 3)")
     args = ap.parse_args(argv)

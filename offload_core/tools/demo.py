@@ -22,7 +22,8 @@ from ..api import apply_offload
 from ..errors import FerryError
 from ..model.plan import resolve_device
 from ..policy import OffloadPolicy
-from ..runtime.memory import PeakRssSampler, ProcessMemory, device_memory, fmt_bytes
+from ..runtime.memory import PeakRssSampler, ProcessMemory, device_memory
+from ..units import GB, fmt_bytes
 from .demo_model import build_demo_model, demo_inputs
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -149,7 +150,7 @@ def _run_offloaded(
     finally:
         handle.remove()
     moved_s = st.transfer_s
-    rate = (st.bytes_h2d + st.bytes_disk) / moved_s / 1e9 if moved_s > 0 else None
+    rate = (st.bytes_h2d + st.bytes_disk) / moved_s / GB if moved_s > 0 else None
     return Row(
         f"ferry {policy.level_name}/{policy.tier_name}", t_off, st.peak_vram, rss.peak,
         st.bytes_h2d, st.bytes_disk, rate, st.stall_s, st.overlap, bool(torch.equal(out, ref)),

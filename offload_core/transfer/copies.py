@@ -19,32 +19,34 @@ else on the hot path blocks:
 Each event is recorded on the stream that did the work, and the consumer's stream is looked
 up when the wait is issued, never cached (the caller may run the model under its own stream).
 A load's ready-event always travels as a ``Future`` beside its slot (``runtime.engine.Load``):
-resolved at once for a copy from a host slab, by a reader thread for a disk read.
-On a CPU (``backend.synchronous``) there are no events: a reader thread fills the slot itself,
+resolved at once for a copy from a host slab, by the reader's load thread for a disk read
+(disk/reader.py: the one reader, which owns the threads and how a file is read).
+On a CPU (``backend.synchronous``) there are no events: the load thread fills the slot itself,
 which is safe because the last reader of the region's bytes returned before the load was
 issued.
 """
 
 from __future__ import annotations
 
-import logging
 import queue
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, Protocol
 
 import torch
 
-from ..runtime.stats import Counters
-from ..sources.reads import ReadPlan, check_identity, read_chunk
-from ..sources.window_read import BOUNCE, read_window
+from ..disk.plan import ReadPlan
+from ..disk.reader import ReadClock, Reader
 from .backend import Backend
 from .buffers import Slot, Staging
-from .host_memory import host_buffer
+from .timings import DeviceTimings
 
-log = logging.getLogger("ferry")
+
+class Tally(ReadClock, Protocol):
+    """Where the copies count (runtime/stats.py: Counters)."""
+
+    def add(self, **kw: float) -> None: ...
 
 
 def resolved(value: Any) -> Future[Any]:
@@ -54,46 +56,41 @@ def resolved(value: Any) -> Future[Any]:
 
 
 class Transfers:
-    """The copy side of one offload: its ring of slots, staging buffers, reader threads and
-    timings."""
+    """The copy side of one offload: its ring of slots, the events over it, the staging
+    buffers and the copies; disk reads go through its ``reader``."""
 
     def __init__(
         self,
         backend: Backend,
-        counters: Counters,
+        counters: Tally,
         ring_bytes: int,
         staging: tuple[int, int] | None = None,
         read_threads: int = 4,
     ) -> None:
         """``ring_bytes`` (0: no slots, every group computes in place); ``staging``: how
         many staging buffers of how many bytes (the largest group) a disk read goes through,
-        None for none. Loads queue on one load thread, in step order."""
+        None for none; ``read_threads``: the reader's pool for checked chunks."""
         self.backend = backend
         self.counters = counters
-        self.read_threads = read_threads
-        self.arena = backend.empty_device(ring_bytes) if ring_bytes else None
+        self.reader = Reader(counters, read_threads)
+        self.ring = backend.empty_device(ring_bytes) if ring_bytes else None
         #: (start, end, compute-done event) of the released regions, disjoint (wait 2).
         self._released: list[tuple[int, int, Any]] = []
         self.stagings: list[Staging] = []
         self._free_stagings: queue.SimpleQueue[Staging] = queue.SimpleQueue()
-        if staging is not None and self.arena is not None and not backend.synchronous:
+        if staging is not None and self.ring is not None and not backend.synchronous:
             count, nbytes = staging
             self.stagings = [
                 Staging(backend.empty_host(nbytes, pinned=backend.can_pin)) for _ in range(count)
             ]
         for st in self.stagings:
             self._free_stagings.put(st)
-        self._group_pool: ThreadPoolExecutor | None = None
-        self._chunk_pool: ThreadPoolExecutor | None = None
-        self._timings: list[tuple[str, Any, Any]] = []
-        self._timings_lock = threading.Lock()
-        #: The load thread's two bounce buffers for window reads (made at the first one).
-        self._bounces: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.timings = DeviceTimings(counters)
 
     def slot_at(self, offset: int, size: int) -> Slot:
         """The region ``offset .. offset + size`` of the ring, as a slot."""
-        assert self.arena is not None and offset + size <= self.arena.numel()
-        return Slot(offset, self.arena[offset : offset + size])
+        assert self.ring is not None and offset + size <= self.ring.numel()
+        return Slot(offset, self.ring[offset : offset + size])
 
     def _overlapped(self, slot: Slot) -> list[Any]:
         """The compute-done events a copy into ``slot`` waits on (wait 2)."""
@@ -105,19 +102,21 @@ class Transfers:
         """A host slab (pinned or plain RAM) into ``slot``."""
         return resolved(self._copy(slot, slab, nbytes, self._overlapped(slot)))
 
-    def read_file(self, plan: ReadPlan, slot: Slot, step: int) -> Future[Any]:
+    def read_file(self, plan: ReadPlan, slot: Slot) -> Future[Any]:
         """A group's bytes from a file into ``slot``: straight in on a CPU, else through a
         staging buffer."""
         if self.backend.synchronous:
             buf = slot.buf
-            return self._pool().submit(self.backend.host_fill, buf, lambda: self.read(plan, buf))
+            return self.reader.submit(
+                self.backend.host_fill, buf, lambda: self.reader.read(plan, buf)
+            )
         # Looked up here, on the engine's thread: see [Note: the three waits] (wait 2).
         slot_frees = self._overlapped(slot)
-        return self._pool().submit(self._staged_read, plan, slot, slot_frees)
+        return self.reader.submit(self._staged_read, plan, slot, slot_frees)
 
     def run_read(self, nbytes: int, read: Callable[[], None]) -> Future[Any]:
         """A read that needs no slot (a mapped group faulting its pages in); no event."""
-        return self._pool().submit(self._timed_read, nbytes, read)
+        return self.reader.submit(self.reader.timed, nbytes, read)
 
     def wait_ready(self, ready: Future[Any]) -> None:
         """Wait 1: the compute stream waits for the load; the host waits only for a reader
@@ -134,7 +133,7 @@ class Transfers:
             b.wait(compute, event)
             if pair is not None:
                 compute.record_event(pair[1])
-                self._timed("stall", pair)
+                self.timings.timed("stall", pair)
         self.counters.add(stall_s=waited, group_loads=1)
 
     def slot_done(self, slot: Slot) -> None:
@@ -171,7 +170,7 @@ class Transfers:
             ready = b.record(stream)
             if pair is not None:
                 stream.record_event(pair[1])
-                self._timed("h2d", pair)
+                self.timings.timed("h2d", pair)
                 self.counters.add(bytes_h2d=nbytes)
             else:
                 spent = time.perf_counter() - t0
@@ -185,106 +184,26 @@ class Transfers:
         try:
             if staging.free is not None:
                 self.backend.host_wait(staging.free)  # wait 3: the last copy out of it is done
-            self.backend.host_fill(staging.buf, lambda: self.read(plan, staging.buf))
+            self.backend.host_fill(staging.buf, lambda: self.reader.read(plan, staging.buf))
             ready = self._copy(slot, staging.buf, plan.span, slot_frees)
             staging.free = ready  # the buffer travels with its event
             return ready
         finally:
             self._free_stagings.put(staging)
 
-    def read(self, plan: ReadPlan, buf: torch.Tensor) -> None:
-        """Every chunk of ``plan`` into ``buf`` on the reader threads, checked as
-        [Note: what is checked when] (sources/reads.py) says."""
-        self.counters.read_started()
-        done = 0
-        try:
-            changed = check_identity(plan)
-            verify = plan.needs_checksums(changed)
-            parts = plan.chunks if verify else plan.runs  # checked: per chunk, CRCs in parallel
-            if not verify and self._read_window(plan, buf):
-                pass  # the whole pages around the tensors at once: [Note: the window read]
-            elif len(parts) == 1:
-                read_chunk(plan, parts[0], buf, verify)  # one request: no hop to another thread
-            else:
-                futures = [self._chunks().submit(read_chunk, plan, c, buf, verify) for c in parts]
-                wait(futures)
-                for f in futures:
-                    f.result()  # re-raises a truncated or corrupt chunk
-            plan.accept(changed)
-            done = plan.nbytes
-        finally:
-            self.counters.read_finished(done)
-
-    def _read_window(self, plan: ReadPlan, buf: torch.Tensor) -> bool:
-        window = plan.window
-        if plan.direct_fd < 0 or window is None:
-            return False
-        if self._bounces is None:
-            self._bounces = (host_buffer(BOUNCE), host_buffer(BOUNCE))
-        if read_window(plan, window, buf, self._bounces, self._chunks()):
-            return True
-        plan.drop_direct()  # O_DIRECT refused for this file: per-run reads from now on
-        return False
-
-    def _timed_read(self, nbytes: int, read: Callable[[], None]) -> None:
-        self.counters.read_started()
-        done = 0
-        try:
-            read()
-            done = nbytes
-        finally:
-            self.counters.read_finished(done)
-
     # -- device timings -----------------------------------------------------------------------
-    def _timed(self, kind: str, pair: tuple[Any, Any]) -> None:
-        with self._timings_lock:
-            self._timings.append((kind, pair[0], pair[1]))
-
     def resolve_timings(self) -> None:
         """Adds the device-timed intervals that have finished to the counters."""
-        with self._timings_lock:
-            pending, self._timings = self._timings, []
-        keep = []
-        for kind, start, end in pending:
-            if not end.query():
-                keep.append((kind, start, end))
-                continue
-            seconds = start.elapsed_time(end) / 1000.0
-            self.counters.add(**({"stall_s": seconds} if kind == "stall" else {"h2d_s": seconds}))
-        with self._timings_lock:
-            self._timings = keep + self._timings
+        self.timings.resolve()
 
     def flush_timings(self) -> None:
-        if self._timings:
-            self.backend.host_wait(self.backend.record(self.backend.compute_stream()))
-            self.resolve_timings()
-
-    # -- threads ------------------------------------------------------------------------------
-    def _pool(self) -> ThreadPoolExecutor:
-        if self._group_pool is None:
-            # One load thread: loads run in step order, so the group needed next is read
-            # first, with the disk's whole bandwidth, instead of sharing it with the groups
-            # after it (a read is one large request the kernel already splits and keeps in
-            # flight; checked reads still fan out per chunk on ``_chunks``). With a thread per
-            # load, the byte ring's wider leaf window made forwards 9 % slower; with one, 8 %
-            # faster (docs/benchmarks.md, "Prefetch by bytes").
-            self._group_pool = ThreadPoolExecutor(1, thread_name_prefix="ferry-load")
-        return self._group_pool
-
-    def _chunks(self) -> ThreadPoolExecutor:
-        if self._chunk_pool is None:
-            self._chunk_pool = ThreadPoolExecutor(
-                self.read_threads, thread_name_prefix="ferry-read"
-            )
-        return self._chunk_pool
+        b = self.backend
+        self.timings.flush(lambda: b.host_wait(b.record(b.compute_stream())))
 
     def close(self) -> None:
-        """After the engine is quiet: threads joined, buffers released."""
-        for pool in (self._group_pool, self._chunk_pool):
-            if pool is not None:
-                pool.shutdown(wait=True)
-        self._group_pool = self._chunk_pool = None
-        self.arena = self._bounces = None
+        """After the engine is quiet: the reader's threads joined, buffers released."""
+        self.reader.close()
+        self.ring = None
         self._released.clear()
         for s in self.stagings:
             self.backend.release_host(s.buf)

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .host_memory import host_buffer
+from ..disk.host_memory import host_buffer
 
 T = TypeVar("T")
 

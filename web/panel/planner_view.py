@@ -21,12 +21,6 @@ GB = float(1 << 30)
 TABLE_COLUMNS = ["#", "plan", "s/forward", "peak VRAM GB", "peak RAM GB", "fits", "note"]
 
 
-def _opt_gb(v: Any) -> float | None:
-    # A browser's number box cannot be empty (it shows 0), so 0 means "no limit" too;
-    # a negative number reaches Budget.from_gb and is refused there, naming the setting.
-    return None if v is None or v == "" or v == 0 else float(v)
-
-
 def result_frames(result: TuneResult) -> tuple[pd.DataFrame, pd.DataFrame]:
     table = pd.DataFrame([r.as_record() for r in result.rows], columns=TABLE_COLUMNS)
     ran = table[table["s/forward"].notna()]
@@ -51,7 +45,9 @@ def run_planner(
     progress: Any = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, str, dict[str, Any] | None]:
     """Measures the candidate plans; validates every input before any work."""
-    budget = Budget.from_gb(_opt_gb(vram_gb), _opt_gb(ram_gb))
+    # The boxes' values as they come (a browser's number box shows 0 when cleared: no limit,
+    # as 0 is everywhere), through the one parser of each setting.
+    budget = Budget.from_gb(vram_gb, ram_gb)
     if size_gb is None or not float(size_gb) > 0:
         raise ConfigError("size_gb", f"the demo model size must be > 0 GB, got {size_gb!r}")
     disk = (disk_path or "").strip() or None

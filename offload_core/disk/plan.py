@@ -1,4 +1,5 @@
-"""Reading a group's bytes from a file, checked: its chunks, the file's identity, preadv.
+"""What one group's read is: its chunks (with their CRC32s), the file's identity, and the
+whole pages around them (the window).
 
 [Note: what is checked when]
 Every read checks the file's identity (inode, size, mtime, ctime: one ``fstat``). The
@@ -16,35 +17,30 @@ group reach the disk's speed (measured beside compute on the 2-core VM: one 256 
 request 2.6-2.7 GB/s, four threads of 16 MiB 1.9-2.6 GB/s). O_DIRECT is used for a request
 whose offsets and length are whole pages (a group file's data starts on a page; Flux's
 block-level groups end on one too), the page cache for the rest (a group ending on a bias, a
-tensor in the user's checkpoint). How fast O_DIRECT is depends on where it lands:
-[Note: where a direct read lands] (transfer/host_memory.py).
+tensor in the user's checkpoint), or the window around them ([Note: the window read] in
+reader.py). How fast O_DIRECT is depends on where it lands:
+[Note: where a direct read lands] (disk/host_memory.py).
 """
 
 from __future__ import annotations
 
-import errno
-import logging
 import os
 import zlib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import torch
 
 from ..errors import ConfigError, CorruptGroupFileError
-from ..model.layout import PAGE
-
-if TYPE_CHECKING:
-    from .window_read import Window
-
-log = logging.getLogger("ferry")
+from ..units import GIB, PAGE
+from .files import files
 
 #: Checksums are kept per chunk of this many bytes (and checked reads issued per chunk).
 CHUNK = 16 << 20
 #: An unchecked read joins contiguous chunks into requests of at most this many bytes.
-RUN = 1 << 30
+RUN = GIB
+#: A window may read this fraction more than the group's own bytes (a small tensor of
+#: another group between two of this one's); beyond it the per-tensor reads are cheaper.
+MAX_EXTRA = 1 / 16
 
 
 @dataclass(frozen=True)
@@ -55,6 +51,19 @@ class Chunk:
     buf_offset: int
     nbytes: int
     crc: int
+
+
+def checksummed(spans: list[tuple[int, int, int]], data: memoryview) -> list[Chunk]:
+    """The chunks of ``spans`` (file offset, slab offset, bytes), each at most ``CHUNK``,
+    with the CRC32 of the slab bytes ``data`` holds for it: the one place chunk lists are
+    made (a group file's, a checkpoint group's)."""
+    chunks = []
+    for file_off, buf_off, n in spans:
+        for o in range(0, n, CHUNK):
+            m = min(CHUNK, n - o)
+            crc = zlib.crc32(data[buf_off + o : buf_off + o + m])
+            chunks.append(Chunk(file_off + o, buf_off + o, m, crc))
+    return chunks
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,16 @@ class FileIdentity:
     @classmethod
     def of(cls, st: os.stat_result) -> FileIdentity:
         return cls(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The whole pages around a plan's runs ([Note: the window read] in reader.py)."""
+
+    start: int  # page-aligned file offset the read starts at
+    end: int  # page-aligned file offset it stops at (may lie past the file's end)
+    needed: int  # file offset of the last byte any run needs, plus one
+    runs: tuple[Chunk, ...]  # the plan's runs in file order
 
 
 @dataclass
@@ -112,10 +131,7 @@ class ReadPlan:
 
     @cached_property
     def window(self) -> Window | None:
-        """The whole pages around this plan's runs, read at once where they do not lie on
-        whole pages themselves ([Note: the window read]); None: read per run."""
-        from .window_read import window_for  # window_read builds on this module
-
+        """The whole pages around this plan's runs (``window_for``), computed once."""
         return window_for(self)
 
     @property
@@ -149,106 +165,37 @@ class ReadPlan:
             os.close(fd)
 
 
-def bytes_view(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU uint8 tensor, without a copy."""
-    return memoryview(t.numpy()).cast("B")  # type: ignore[arg-type]
+def window_for(plan: ReadPlan) -> Window | None:
+    """The whole pages around a plan's runs, read at once where they do not lie on whole
+    pages themselves and not much else lies between them (``MAX_EXTRA``); None: read per
+    run ([Note: the window read] in reader.py)."""
+    runs = sorted(plan.runs, key=lambda r: r.file_offset)
+    if not runs or all(
+        r.file_offset % PAGE == 0 and r.nbytes % PAGE == 0 and r.buf_offset % PAGE == 0
+        for r in runs
+    ):
+        return None  # already whole pages: read as they are, O_DIRECT where possible
+    start = runs[0].file_offset // PAGE * PAGE
+    needed = max(r.file_offset + r.nbytes for r in runs)
+    end = -(-needed // PAGE) * PAGE
+    if end - start > plan.nbytes * (1 + MAX_EXTRA) + 2 * PAGE:
+        return None
+    return Window(start, end, needed, tuple(runs))
 
 
 def open_plan(path: Path, chunks: list[Chunk], owned: bool, direct: bool = False) -> ReadPlan:
-    fd = open_descriptor(path, os.O_RDONLY)
+    """The plan of reading ``chunks`` from ``path`` (``direct``: with an O_DIRECT descriptor
+    beside, where the filesystem allows one)."""
+    fd = files().open(path)
     plan = ReadPlan(path, fd, FileIdentity.of(os.fstat(fd)), chunks, owned)
-    if direct and hasattr(os, "O_DIRECT"):
+    if direct:
         try:
-            plan.direct_fd = open_descriptor(path, os.O_RDONLY | os.O_DIRECT)
+            direct_fd = files().open_direct(path)
         except ConfigError:
             plan.close()
             raise
-        except OSError:
-            pass  # tmpfs and some network filesystems refuse O_DIRECT: buffered reads
+        plan.direct_fd = -1 if direct_fd is None else direct_fd
     return plan
-
-
-def open_descriptor(path: Path, flags: int) -> int:
-    """``os.open``, with a clear error where the process is out of descriptors (the disk
-    tier reserves what it needs before writing anything: ``reserve_descriptors``)."""
-    try:
-        return os.open(path, flags)
-    except OSError as e:
-        if e.errno != errno.EMFILE:
-            raise
-        raise ConfigError("level", _OUT_OF_DESCRIPTORS) from None
-
-
-_OUT_OF_DESCRIPTORS = (
-    "this offload needs more open files than the process may hold (ulimit -n); choose block "
-    "level (fewer, larger groups) or raise the limit (ulimit -n 65536)"
-)
-
-
-def reserve_descriptors(count: int) -> None:
-    """Makes room for ``count`` more open files: every disk-tier group holds up to three (a
-    leaf-level offload of a large model has hundreds of groups, and many desktops start
-    programs with a soft limit of 1024). Raises the soft limit up to the hard one if needed;
-    past the hard limit, a clear error, before anything is written."""
-    try:
-        import resource
-    except ImportError:  # Windows: no such limit to raise
-        return
-    try:
-        in_use = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        return  # not Linux: no cheap count; the open itself says it if it fails
-    want = in_use + count + 64  # headroom: a group file being written, the user's own
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or want <= soft:
-        return
-    if hard != resource.RLIM_INFINITY and want > hard:
-        raise ConfigError("level", _OUT_OF_DESCRIPTORS + f" (needs {want}, the limit is {hard})")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    log.info("ferry: raised the open-file limit from %d to %d for the disk tier", soft, want)
-
-
-def _aligned(*values: int) -> bool:
-    return all(v % PAGE == 0 for v in values)
-
-
-def read_chunk(plan: ReadPlan, chunk: Chunk, buf: torch.Tensor, verify: bool = True) -> None:
-    """Reads one chunk into ``buf`` at its offset and, with ``verify``, checks its CRC32.
-    Runs on a worker thread (``os.preadv`` releases the GIL, so reads overlap compute)."""
-    mv = bytes_view(buf)[chunk.buf_offset : chunk.buf_offset + chunk.nbytes]
-    got = 0
-    direct = plan.direct_fd
-    if direct >= 0 and not _aligned(
-        chunk.file_offset, chunk.nbytes, buf.data_ptr() + chunk.buf_offset
-    ):
-        direct = -1
-    while got < chunk.nbytes:
-        if direct >= 0:
-            try:
-                n = os.preadv(direct, [mv[got:]], chunk.file_offset + got)
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise
-                direct = -1  # this filesystem or offset will not do direct I/O
-                continue
-            if n % PAGE:
-                direct = -1  # a short read ends unaligned: finish buffered
-        else:
-            n = os.preadv(plan.fd, [mv[got:]], chunk.file_offset + got)
-        if n == 0:
-            raise CorruptGroupFileError(
-                f"{plan.path} is truncated (ended {chunk.nbytes - got} bytes early); its "
-                f"contents were not used. {damaged_hint(plan)}"
-            )
-        got += n
-    if verify:
-        check_chunk(plan, chunk, mv)
-
-
-def read_all(plan: ReadPlan, buf: torch.Tensor) -> None:
-    """Every chunk into ``buf``, checked, on the calling thread (restore, first checks)."""
-    for c in plan.chunks:
-        read_chunk(plan, c, buf)
 
 
 def check_chunk(plan: ReadPlan, chunk: Chunk, data: memoryview) -> None:
@@ -267,6 +214,13 @@ def damaged_hint(plan: ReadPlan) -> str:
     return (
         "Ferry rewrites it from the model's checkpoint where the model was loaded from one; "
         "otherwise its weights are lost: load the model again"
+    )
+
+
+def truncated(plan: ReadPlan, short: int) -> CorruptGroupFileError:
+    return CorruptGroupFileError(
+        f"{plan.path} is truncated (ended {short} bytes early); its contents were not used. "
+        f"{damaged_hint(plan)}"
     )
 
 

@@ -1,8 +1,10 @@
-"""The one interface every kind of weight source implements.
+"""The interface the engine loads a streamed group through, which every kind of weight
+source implements (sources/: one file per kind; sources/kinds.py chooses a group's).
 
 A source is where one group's bytes wait while the group is not computing. The engine knows
-sources only through this interface; which source a group gets is decided in one place,
-sources/placement.py. docs/architecture.md says how to add one.
+sources only through ``WeightSource``; a group kept on the device is not a source the engine
+sees, only bytes the placement holds (``HeldBytes``). docs/architecture.md says how to add a
+source.
 """
 
 from __future__ import annotations
@@ -18,11 +20,23 @@ if TYPE_CHECKING:
     from ..transfer.copies import Transfers
 
 
-class WeightSource(Protocol):
+class HeldBytes(Protocol):
+    """Whatever holds a group's bytes while it is placed: given back on remove."""
+
+    def host_bytes(self, nbytes: int) -> torch.Tensor:
+        """The group's slab (``nbytes``), readable by ``copy_``: to restore the model."""
+        ...
+
+    def close(self, backend: Backend) -> None:
+        """After restore: give back what the source holds (pinned memory, descriptors)."""
+        ...
+
+
+class WeightSource(HeldBytes, Protocol):
     #: False for a source the group computes from in place (a mapped file): no slot.
     uses_slot: bool
 
-    def load(self, transfers: Transfers, slot: Slot | None, step: int) -> Future[Any]:
+    def load(self, transfers: Transfers, slot: Slot | None) -> Future[Any]:
         """Starts bringing the group's bytes in (into ``slot`` when ``uses_slot``); returns
         the future of the ready-event compute waits on (None: nothing to wait on)."""
         ...
@@ -33,12 +47,4 @@ class WeightSource(Protocol):
 
     def discard(self) -> None:
         """A load that finished but will not be used (a misprediction, an abort)."""
-        ...
-
-    def host_bytes(self, nbytes: int) -> torch.Tensor:
-        """The group's slab (``nbytes``), readable by ``copy_``: to restore the model."""
-        ...
-
-    def close(self, backend: Backend) -> None:
-        """After restore: give back what the source holds (pinned memory, descriptors)."""
         ...

@@ -18,7 +18,7 @@ Build = Callable[[torch.device], nn.Module]
 
 def demo_build(header: Header) -> Build:
     """A factory for offload_core.tools.demo_model.DemoDiT with the sizes its checkpoint has."""
-    from ..tools.demo_model import DemoDiT
+    from .demo_model import DemoDiT
 
     try:
         dim, in_channels = header.entries["img_in.weight"].shape

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from ..model.layout import PAGE
+from ..units import PAGE
 
 HUGE_PAGE = 2 << 20
 #: From <linux/mman.h>; Python exposes it only when built against headers that have it.
