@@ -16,9 +16,10 @@ py="$venv/bin/python"
 if [ ! -x "$py" ]; then
   python3 -m venv "$venv"
 fi
-# Reinstall only when a requirements file changed since the last install.
+# Reinstall only when a requirements file changed since the last install (not the second
+# Gradio's file: it goes into its own venv, below, and must not reinstall this one).
 stamp="$venv/.ferry-stamp"
-want=$(cat constraints.txt requirements*.txt | sha256sum | cut -c1-16)
+want=$(cat constraints.txt $(ls requirements*.txt | grep -vx requirements-gradio4.txt) | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "ferry: installing into $venv (torch==2.13.0 first, then the rest constrained to it)"
   "$py" -m pip install -q --disable-pip-version-check torch==2.13.0
@@ -26,10 +27,26 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=${TORCHAO_FORCE_SKIP_LOADING_SO_FILES:-1}
+# The panel runs on Forge's Gradio (4.40) as well as on 6: the tests drive it in a second venv.
+gradio4_venv() {
+  local v=${FERRY_GRADIO4_VENV:-.venv-gradio4}
+  [ -x "$v/bin/python" ] || python3 -m venv "$v"
+  local want4
+  want4=$(cat constraints.txt requirements-gradio4.txt | sha256sum | cut -c1-16)
+  if [ "$(cat "$v/.ferry-stamp" 2>/dev/null)" != "$want4" ]; then
+    echo "ferry: installing Gradio 4.40 into $v (the panel's second Gradio, for its tests)"
+    "$v/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0
+    "$v/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -r requirements-gradio4.txt
+    echo "$want4" > "$v/.ferry-stamp"
+  fi
+  case "$v" in /*) ;; *) v=$PWD/$v ;; esac
+  export FERRY_GRADIO4_PYTHON=${FERRY_GRADIO4_PYTHON:-$v/bin/python}
+}
 case "$job" in
   panel) exec "$py" tools/panel.py "$@" ;;
   demo)  exec "$py" -m offload_core.tools.demo "$@" ;;
   test)
+    gradio4_venv
     "$py" -m ruff check .
     "$py" -m ruff format --check .
     "$py" -m mypy

@@ -1,7 +1,10 @@
-"""The WebUI side of Ferry (AUTOMATIC1111 / Forge load every scripts/*.py as a WebUI script).
+"""Ferry's WebUI script: Forge (and A1111) load every scripts/*.py of an extension as one.
 
-For now it adds the panel as a tab where the host's Gradio can draw it (web/panel/a1111.py);
-outside a WebUI importing it does nothing.
+Inside Forge it adds the "Ferry offload" accordion to txt2img and img2img (the class below,
+which the WebUI finds in this module), the Ferry tab (the panel) and ``GET /ferry/stats``; in a
+WebUI without Forge's backend or on a Gradio too old for the panel, a notice instead
+(webui/entry.py). Outside a WebUI importing it does nothing. The pack is imported through
+tools/pack_loader.py, as the standalone panel imports it: its code uses relative imports only.
 """
 
 from __future__ import annotations
@@ -20,15 +23,14 @@ def _pack_name() -> str:
     return str(loader.load_pack_package())
 
 
-def _register_tab() -> None:
+def _load() -> type | None:
     try:
-        from modules import script_callbacks  # type: ignore[import-not-found]
+        from modules import script_callbacks  # type: ignore[import-not-found]  # noqa: F401
     except ImportError:
-        return
-    import gradio
-
-    a1111 = importlib.import_module(_pack_name() + ".web.panel.a1111")
-    a1111.register_tab(script_callbacks, gradio.__version__)
+        return None  # not inside a WebUI: import nothing of the pack
+    entry = importlib.import_module(_pack_name() + ".webui.entry")
+    return entry.load()  # type: ignore[no-any-return]
 
 
-_register_tab()
+#: The "Ferry offload" scripts.Script subclass in Forge; None elsewhere.
+FerryOffloadScript = _load()

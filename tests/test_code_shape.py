@@ -1,4 +1,4 @@
-"""Code shape: no file over 400 lines and no function over 50 lines in offload_core/, nodes/
+"""Code shape: no file over 400 lines and no function over 50 lines in offload_core/, nodes/, webui/
 and web/, so each file stays one readable stage and each function one step."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("offload_core", "nodes", "web")
+PACKAGES = ("offload_core", "nodes", "web", "webui")
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 50
 
@@ -45,3 +45,26 @@ def test_no_file_over_400_lines() -> None:
 def test_no_function_over_50_lines() -> None:
     offenders = [f for path in python_files() for f in long_functions(path)]
     assert not offenders, "split these functions:\n" + "\n".join(offenders)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, relative ones as written (``..nodes.binding``)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            out.add("." * node.level + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+def test_the_two_hosts_never_import_each_other() -> None:
+    """nodes/ (ComfyUI) and webui/ (Forge) share offload_core and the panel, nothing else."""
+    for host, other in (("nodes", "webui"), ("webui", "nodes")):
+        files = sorted((REPO / host).rglob("*.py"))
+        assert files
+        for path in files:
+            bad = [m for m in _imports(path) if m.lstrip(".").split(".")[0] == other]
+            assert not bad, f"{path.relative_to(REPO)} imports {bad}"
+    webui_imports = {m for p in (REPO / "webui").rglob("*.py") for m in _imports(p)}
+    assert not any(m.split(".")[0] == "comfy" for m in webui_imports)

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.filterwarnings("ignore::Deprecati
 pytest.importorskip("gradio")
 sync_api = pytest.importorskip("playwright.sync_api")
 
-from ._panel_server import RunningPanel, run_panel  # noqa: E402
+from ._panel_server import RunningPanel, run_panel, run_panel_elsewhere  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("FERRY_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -32,9 +32,22 @@ if not Path(CHROMIUM).exists():
     pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def running(pack: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPanel]:
-    yield from run_panel(pack, tmp_path_factory.mktemp("panel-browser"))
+GRADIO4_PYTHON = os.environ.get("FERRY_GRADIO4_PYTHON")
+
+
+@pytest.fixture(scope="module", params=["gradio-6", "gradio-4.40"])
+def running(
+    request: pytest.FixtureRequest, pack: ModuleType, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningPanel]:
+    """The same tests on both Gradios the panel supports: this venv's (6), in this process, and
+    Forge's (4.40), tools/panel.py in the second venv `bash run.sh test` makes."""
+    tmp = tmp_path_factory.mktemp("panel-browser")
+    if request.param == "gradio-6":
+        yield from run_panel(pack, tmp)
+    elif not GRADIO4_PYTHON:
+        pytest.skip("FERRY_GRADIO4_PYTHON is unset (bash run.sh test makes .venv-gradio4)")
+    else:
+        yield from run_panel_elsewhere(GRADIO4_PYTHON, tmp, "4.40.0")
 
 
 @pytest.fixture(scope="module")

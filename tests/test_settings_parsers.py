@@ -1,8 +1,9 @@
-"""One parser per setting: the ComfyUI node, the panel and the API give one input one verdict.
+"""One parser per setting: the ComfyUI node, the panel, Forge's accordion and the API give one
+input one verdict.
 
-Each input goes through the three real entry points (the node's widgets -> policy, the
-panel's form -> settings, the flat form -> OffloadPolicy.from_dict, which the settings file
-also uses) and every path must agree: the same accepted value, or a refusal naming the
+Each input goes through the real entry points (the node's widgets -> policy, the panel's form
+-> settings, the Forge accordion's values -> policy, the flat form -> OffloadPolicy.from_dict,
+which the settings file also uses) and every path must agree: the same accepted value, or a refusal naming the
 setting. The disk folder goes through the node's check, the panel's live check and the
 applying path (apply_offload, which creates and probes the folder for real).
 """
@@ -24,6 +25,7 @@ config = importlib.import_module(f"{PACK_NAME}.nodes.config")
 forms = importlib.import_module(f"{PACK_NAME}.web.panel.forms")
 disk_check = importlib.import_module(f"{PACK_NAME}.web.panel.disk_check")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
+controls = importlib.import_module(f"{PACK_NAME}.webui.controls")
 
 GIB = 1 << 30
 REJECTED = "rejected"
@@ -33,6 +35,18 @@ NODE_WIDGETS = dict(
 )
 # Form order: level, blocks, tier, disk_path, prefetch, vram_budget, headroom, quant.
 PANEL_FORM = ["block", 1, "ram", "", 1, "", 2.0, "none"]
+FORGE_DEFAULT_FOLDER = "/forge/data/ferry-offload"
+
+
+def forge(**values: Any) -> Any:
+    """Forge's "Ferry offload" accordion (webui/controls.py) with ``values`` -> its policy."""
+    c = {**controls.DEFAULTS, "enabled": True, "tier": "ram", "vram_budget": "", **values}
+    offload = controls.offload_from_controls(
+        [c[cid] for cid, _ in controls.CONTROLS],
+        default_disk_path=FORGE_DEFAULT_FOLDER,
+        load_saved=lambda: None,
+    )
+    return offload.policy
 
 
 def verdict(build: Callable[[], Any], settings: tuple[str, ...]) -> Any:
@@ -40,7 +54,7 @@ def verdict(build: Callable[[], Any], settings: tuple[str, ...]) -> Any:
     try:
         return build()
     except oc.FerryError as e:
-        named = getattr(e, "input_name", None) or getattr(e, "setting", None)
+        named = next(n for a in ("input_name", "setting", "control") if (n := getattr(e, a, None)))
         assert named in settings, f"the error names {named!r}, not the setting: {e}"
         return REJECTED
 
@@ -66,6 +80,7 @@ def budget_paths(text: str) -> dict[str, Callable[[], Any]]:
     return {
         "node": lambda: config.policy_from_inputs(**{**NODE_WIDGETS, "vram_budget": text}),
         "panel": lambda: forms.settings_from_form(*form).policy,
+        "forge": lambda: forge(vram_budget=text),
         "api": lambda: oc.OffloadPolicy.from_dict({"vram_budget_gb": text}),
     }
 
@@ -101,6 +116,7 @@ def blocks_paths(value: Any) -> dict[str, Callable[[], Any]]:
     return {
         "node": lambda: config.policy_from_inputs(**{**NODE_WIDGETS, "blocks_per_group": value}),
         "panel": lambda: forms.settings_from_form(*form).policy,
+        "forge": lambda: forge(blocks_per_group=value),
         "api": lambda: oc.OffloadPolicy.from_dict({"tier": "ram", "blocks_per_group": value}),
     }
 
@@ -246,9 +262,15 @@ def disk_paths(text: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable
         path = forms.settings_from_form(*form).policy.tier.path
         return str(disk_check.check_disk_path(path, None).raise_if_bad())
 
+    def in_forge() -> str:
+        offload = controls.ForgeOffload(forge(tier="disk", disk_path=text))
+        controls.check_folder(offload)  # the accordion's read-only check, before a generation
+        return str(offload.policy.tier.path)
+
     return {
         "node": node,
         "panel": panel,
+        "forge": in_forge,
         "planner": lambda: str(planner(None, text, monkeypatch)[1]),
         "api": lambda: oc.OffloadPolicy.from_dict({"tier": "disk", "disk_path": text}).tier.path,
         "tier": lambda: str(oc.plan_offload(make_model("fp32"), oc.OffloadPolicy(
@@ -265,6 +287,11 @@ def test_a_relative_folder_is_refused_everywhere_in_the_same_words(
     for path, build in disk_paths(text, monkeypatch).items():
         with pytest.raises(oc.FerryError) as e:
             build()
+        if isinstance(e.value, controls.ControlError):  # Forge names its control, by label
+            assert e.value.control == "disk_path", (path, e.value)
+            assert str(e.value).startswith("Ferry offload › Disk folder: "), e.value
+            words.add(e.value.message)
+            continue
         named = getattr(e.value, "input_name", None) or getattr(e.value, "setting", None)
         assert named == "disk_path", (path, e.value)
         words.add(str(e.value).split("disk_path: ", 1)[1].removesuffix(
@@ -284,13 +311,15 @@ def test_a_full_folder_is_the_same_folder_everywhere(
 def test_an_empty_folder_is_the_hosts_default_or_refused_in_the_same_words(
     tmp_path: Path,
 ) -> None:
-    """The node's host has a default folder (ComfyUI's temp folder); the panel, the settings
-    file and the API have none: there the one parser refuses it, in the read-only check's
-    words."""
+    """The node's host has a default folder (ComfyUI's temp folder), and so has Forge's
+    accordion (``ferry-offload`` in the WebUI's data folder); the panel, the settings file and
+    the API have none: there the one parser refuses it, in the read-only check's words."""
     node = config.policy_from_inputs(
         **{**NODE_WIDGETS, "tier": "disk", "disk_path": "  "}, default_disk_path=str(tmp_path)
     )
     assert node.tier.path == str(tmp_path)
+    for empty in ("  ", "", None):
+        assert forge(tier="disk", disk_path=empty).tier.path == FORGE_DEFAULT_FOLDER
     asked = disk_check.check_disk_path("", None).message
     form = list(PANEL_FORM)
     form[2] = "disk"

@@ -36,6 +36,8 @@ from ...offload_core.tools.settings_file import (
     save_settings,
 )
 
+SAVED_FOR_COMFYUI = "ComfyUI's Ferry nodes with *use panel settings* read it."
+APPLY_REOFFLOADS = "**Apply** re-offloads the models loaded now (between runs)."
 #: Bound for the blocks-per-group slider when no model is known yet (ComfyUI, nothing loaded).
 DEFAULT_MAX_BLOCKS = 64
 
@@ -95,6 +97,9 @@ class PanelContext:
         monitor: Monitor | None = None,
         is_busy: Callable[[], bool] | None = None,
         reapply_hook: Callable[[Any, OffloadPolicy], str] | None = None,
+        reference: Callable[[], torch.nn.Module | None] | None = None,
+        saved_note: str = SAVED_FOR_COMFYUI,
+        apply_note: str = APPLY_REOFFLOADS,
     ) -> None:
         self.settings_path = Path(settings_path) if settings_path else default_settings_path()
         self.demo = demo
@@ -104,6 +109,12 @@ class PanelContext:
         # A host that keeps its own reference to each handle (ComfyUI's binding) re-offloads
         # through its own code: hook(handle, policy) -> one status line.
         self.reapply_hook = reapply_hook
+        # A host whose model is known before it is offloaded (Forge's UNet) gives a meta
+        # copy of it to plan previews on: reference() -> module on meta, or None.
+        self.reference = reference
+        # Who reads the saved file, said after Save; what Apply does in this host.
+        self.saved_note = saved_note
+        self.apply_note = apply_note
         self.run_lock = threading.Lock()
         self.last_status = ""
 
@@ -116,10 +127,11 @@ class PanelContext:
 
     # ---- the model the settings are for --------------------------------------------------
     def reference_model(self) -> torch.nn.Module | None:
-        """The model previews are planned on: the demo's meta twin, else none (see plan)."""
+        """The model previews are planned on: the demo's meta twin, the host's reference
+        model, else none (see plan)."""
         if self.demo is not None and self.demo.twin is not None:
             return self.demo.twin
-        return None
+        return self.reference() if self.reference is not None else None
 
     def _live_plan(self) -> Any | None:
         # Inside ComfyUI there is no twin: the loaded model is already offloaded, so its
@@ -174,7 +186,9 @@ class PanelContext:
     def run_demo(self, seconds: float, progress: Callable[[float], None] | None = None) -> str:
         """Runs the demo model's forward for about ``seconds`` so the plots have something to show."""
         if self.demo is None or self.demo.model is None:
-            raise ConfigError("demo", "this panel has no demo model (it runs inside ComfyUI)")
+            raise ConfigError(
+                "demo", "this panel has no demo model (it runs inside ComfyUI or a WebUI)"
+            )
         if self.is_busy():
             raise ConfigError("run", "a job is running; run the demo when it has finished")
         if not self.run_lock.acquire(blocking=False):

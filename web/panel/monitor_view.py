@@ -13,6 +13,7 @@ import gradio as gr
 import pandas as pd
 
 from ...offload_core.tools.monitor import Snapshot
+from .compat import private_api
 from .context import PanelContext
 
 GB = float(1 << 30)
@@ -128,4 +129,4 @@ def build_monitor_tab(ctx: PanelContext, demo: gr.Blocks) -> None:
     timer = gr.Timer(1.0)
     timer.tick(lambda: tick(ctx), outputs=outputs, api_name="monitor", show_progress="hidden")
     # First paint without waiting a second for the timer.
-    demo.load(lambda: tick(ctx), outputs=outputs, api_visibility="private", show_progress="hidden")
+    demo.load(lambda: tick(ctx), outputs=outputs, show_progress="hidden", **private_api())

@@ -18,6 +18,7 @@ from typing import Any
 from ...offload_core.errors import ConfigError
 from ...offload_core.tools.monitor import get_monitor
 from ...offload_core.tools.settings_file import PanelSettings
+from .compat import launch_options
 from .context import DemoSession, PanelContext
 
 _lock = threading.Lock()
@@ -117,7 +118,7 @@ def _start(
     blocks.queue()
     _, url, _ = blocks.launch(
         server_name=host, server_port=port, prevent_thread_lock=True, quiet=True,
-        inbrowser=False, share=False, show_error=True, ssr_mode=False,
+        inbrowser=False, share=False, show_error=True, **launch_options(),
     )  # fmt: skip
     return blocks, str(url)
 

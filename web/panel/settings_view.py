@@ -11,6 +11,7 @@ import pandas as pd
 from ...offload_core.errors import ConfigError, FerryError
 from ...offload_core.policy import DiskTier
 from ...offload_core.tools.settings_file import known_quant_presets
+from .compat import private_api, public_api
 from .context import PanelContext
 from .disk_check import check_disk_path, markdown
 from .forms import Form, form_from_settings, settings_from_form
@@ -93,7 +94,7 @@ def save(ctx: PanelContext, *values: Any) -> str:
         path = ctx.save(settings)
     except FerryError as e:
         return f"✖ Not saved. {e}"
-    return f"✔ Saved to `{path}`. ComfyUI's Ferry nodes with *use panel settings* read this file."
+    return f"✔ Saved to `{path}`: {ctx.saved_note}"
 
 
 def apply(ctx: PanelContext, *values: Any) -> str:
@@ -208,13 +209,13 @@ def _wire(ctx: PanelContext, demo: gr.Blocks, form: list[Any], view: dict[str, A
         # One public endpoint (the first) for API users; the rest are the same call, private.
         w.change(lambda *v: preview(ctx, *v), inputs=form, outputs=[plot, summary],
                  api_name="plan_preview" if i == 0 else None,
-                 api_visibility="public" if i == 0 else "private",
-                 show_progress="hidden", trigger_mode="always_last")  # fmt: skip
+                 show_progress="hidden", trigger_mode="always_last",
+                 **(public_api() if i == 0 else private_api()))  # fmt: skip
     disk_path, disk_status = view["disk_path"], view["disk_status"]
     disk_path.input(lambda p: check_disk(ctx, p), inputs=disk_path, outputs=disk_status,
                     api_name="check_disk", show_progress="hidden", trigger_mode="always_last")  # fmt: skip
     disk_path.change(lambda p: check_disk(ctx, p), inputs=disk_path, outputs=disk_status,
-                     api_visibility="private", show_progress="hidden")  # fmt: skip
+                     show_progress="hidden", **private_api())  # fmt: skip
     view["save"].click(
         lambda *v: save(ctx, *v), inputs=form, outputs=status, api_name="save_settings"
     )
@@ -224,8 +225,8 @@ def _wire(ctx: PanelContext, demo: gr.Blocks, form: list[Any], view: dict[str, A
     # The preview is drawn once the saved values are in (a value set to what it already was
     # fires no change event).
     demo.load(lambda: load_form(ctx), outputs=[*form, view["file_note"]], api_name="load_settings").then(
-        lambda *v: preview(ctx, *v), inputs=form, outputs=[plot, summary], api_visibility="private",
-        show_progress="hidden",
+        lambda *v: preview(ctx, *v), inputs=form, outputs=[plot, summary], show_progress="hidden",
+        **private_api(),
     )  # fmt: skip
 
 
@@ -233,8 +234,9 @@ def build_settings_tab(ctx: PanelContext, demo: gr.Blocks) -> list[Any]:
     """Builds the tab; returns the form widgets (``Form`` order) for the planner to fill."""
     gr.Markdown(
         "Ferry keeps only part of the model on the GPU and streams the rest in just before it "
-        "is needed. These settings choose how. **Save** writes them for ComfyUI's Ferry nodes; "
-        "**Apply** re-offloads the models loaded now (between runs)."
+        "is needed. These settings choose how. **Save** writes them to the settings file: "
+        f"{ctx.saved_note} {ctx.apply_note}",
+        elem_id="ferry-settings-intro",
     )
     view: dict[str, Any] = {"file_note": gr.Markdown(elem_id="ferry-settings-file")}
     with gr.Row():

@@ -1,0 +1,353 @@
+"""The Forge host (webui/) against faithful stand-ins of Forge's patcher, LoRA loader and
+memory manager (tests/webui_standins.py): what needs no Forge, in CI. tests/forge/ runs the
+same contract in a real Forge."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests import webui_standins as forge
+from tests.conftest import PACK_NAME, load_pack
+from tests.helpers import tmpfs
+
+load_pack()
+controls = importlib.import_module(f"{PACK_NAME}.webui.controls")
+layout_mod = importlib.import_module(f"{PACK_NAME}.webui.layout")
+patcher_mod = importlib.import_module(f"{PACK_NAME}.webui.patcher")
+script_mod = importlib.import_module(f"{PACK_NAME}.webui.script")
+routes = importlib.import_module(f"{PACK_NAME}.webui.routes")
+oc = importlib.import_module(f"{PACK_NAME}.offload_core")
+settings_file = importlib.import_module(f"{PACK_NAME}.offload_core.tools.settings_file")
+
+X = torch.randn(2, 64, generator=torch.Generator().manual_seed(5))
+LORA_KEYS = (
+    "diffusion_model.input_blocks.0.to_q.weight",
+    "diffusion_model.output_blocks.3.proj.weight",
+)
+
+
+def lora() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(9)
+    return {
+        k: (torch.randn(64, 4, generator=g) * 0.1, torch.randn(4, 64, generator=g))
+        for k in LORA_KEYS
+    }
+
+
+class Script:
+    """The "Ferry offload" script as Forge instantiates it (its base: a stand-in Script)."""
+
+    def __init__(self, host: Any) -> None:
+        cls = script_mod.script_class(host)
+        self.obj = cls()
+
+    def process_before_every_sampling(self, p: Any, *args: Any, **kw: Any) -> None:
+        self.obj.process_before_every_sampling(p, *args, **kw)
+
+
+class StandInScriptBase:
+    pass
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Any:
+    return script_mod.Host(
+        script_base=StandInScriptBase,
+        always_visible="AlwaysVisible",
+        gr=None,
+        input_accordion=None,
+        default_disk_path=str(tmp_path / "default-disk"),
+        load_saved=lambda: settings_file.load_settings(tmp_path / "settings.json"),
+    )
+
+
+def ferry(tier: str = "ram", level: str = "block", blocks: int = 2, disk: str = "", look: int = 1,
+          budget: str = "", use_saved: bool = False, enabled: bool = True) -> tuple[Any, ...]:  # fmt: skip
+    return (enabled, level, blocks, tier, disk, look, budget, use_saved)
+
+
+class Session:
+    """One Forge process: a memory manager, a loaded checkpoint, the Ferry script."""
+
+    def __init__(self, host: Any, seed: int = 0) -> None:
+        self.mm = forge.MemoryManager()
+        self.sd = forge.load_checkpoint(seed)
+        self.script = Script(host)
+
+    def run(
+        self, args: tuple[Any, ...] | None = None, lora_patches: Any = None
+    ) -> tuple[torch.Tensor, Any]:
+        scripts = [] if args is None else [(self.script, args)]
+        return forge.generate(self.mm, self.sd, scripts, X, lora_patches)
+
+    @property
+    def kmodel(self) -> Any:
+        return self.sd.forge_objects_original.unet.model
+
+    @property
+    def layout(self) -> Any:
+        return layout_mod.UnetLayout.of(self.kmodel)
+
+
+@pytest.fixture
+def session(host: Any) -> Any:
+    s = Session(host)
+    yield s
+    s.layout.release()
+
+
+@pytest.mark.parametrize("tier", ["ram", "pinned", "disk"])
+@pytest.mark.parametrize("level", ["block", "leaf"])
+def test_every_tier_and_level_is_forges_output(
+    session: Any, tmp_path: Path, level: str, tier: str
+) -> None:
+    plain, _ = session.run()
+    got, p = session.run(ferry(tier=tier, level=level, disk=str(tmp_path / "d")))
+    assert torch.equal(got, plain)
+    handle = session.layout.handle
+    assert (
+        handle is not None and handle.policy.tier_name == tier and handle.policy.level_name == level
+    )
+    assert handle.stats().forwards == 1
+    assert p.extra_generation_params["Ferry"].split(", ")[1] == tier
+
+
+def test_unchanged_settings_keep_the_layout_a_change_lays_it_out_again(session: Any) -> None:
+    plain, _ = session.run()
+    session.run(ferry(tier="ram"))
+    first = session.layout.handle
+    before = layout_mod.COUNTS["layouts"]
+    for _ in range(2):
+        got, _ = session.run(ferry(tier="ram"))
+        assert torch.equal(got, plain)
+    assert session.layout.handle is first and layout_mod.COUNTS["layouts"] == before
+    got, _ = session.run(ferry(tier="ram", blocks=3))
+    assert torch.equal(got, plain) and session.layout.handle is not first and first.removed
+    assert layout_mod.COUNTS["layouts"] == before + 1
+
+
+def test_switching_ferry_off_gives_forge_its_plain_network(session: Any) -> None:
+    plain, _ = session.run()
+    session.run(ferry(tier="ram", level="leaf"))
+    dm = session.kmodel.diffusion_model
+    assert oc.find_offload(dm) is not None
+    got, p = session.run(ferry(enabled=False))
+    assert torch.equal(got, plain) and "Ferry" not in p.extra_generation_params
+    assert oc.find_offload(dm) is None and not session.layout.live
+    assert type(session.sd.forge_objects.unet) is forge.UnetPatcher  # Forge's own patcher
+
+
+def test_switching_off_gives_back_forges_views_of_the_checkpoint(
+    session: Any, tmp_path: Path
+) -> None:
+    """Forge's Linear weights are views of the mapped checkpoint (page cache, not process
+    memory); after Ferry they are those views again, not copies (webui/file_views.py)."""
+    dm = session.kmodel.diffusion_model
+    names = [n for n, _ in dm.named_parameters() if n.endswith(("to_q.weight", "proj.weight"))]
+    params = [dm.get_parameter(n) for n in names]
+    raw = tmp_path / "checkpoint.bin"
+    raw.write_bytes(b"".join(p.detach().numpy().tobytes() for p in params))
+    mapped = torch.from_file(str(raw), shared=False, size=sum(p.numel() for p in params))
+    off = 0
+    for p in params:
+        p.data = mapped[off : off + p.numel()].view(p.shape)
+        off += p.numel()
+    where = {n: dm.get_parameter(n).data_ptr() for n in names}
+    plain, _ = session.run()
+    for args in (ferry(tier="ram"), ferry(tier="disk", disk=str(tmp_path / "d"), level="leaf")):
+        got, _ = session.run(args)
+        assert torch.equal(got, plain)
+        grouped = [n for n in names if not n.startswith("middle_block")]  # 1 block: outside
+        assert all(dm.get_parameter(n).data_ptr() != where[n] for n in grouped)  # Ferry's now
+    got, _ = session.run(ferry(enabled=False))
+    assert torch.equal(got, plain)
+    assert {n: dm.get_parameter(n).data_ptr() for n in names} == where
+    # A LoRA merged before the layout changes those bytes: that weight stays Ferry's copy.
+    session.run(ferry(tier="ram"), lora_patches=lora())
+    session.layout.release()
+    lora_key = LORA_KEYS[0].removeprefix("diffusion_model.")
+    assert dm.get_parameter(lora_key).data_ptr() != where[lora_key]
+
+
+def test_lora_is_merged_as_forge_merges_it(session: Any, tmp_path: Path) -> None:
+    plain, _ = session.run()
+    plain_lora, _ = session.run(lora_patches=lora())
+    assert not torch.equal(plain_lora, plain)
+    for args in (ferry(tier="ram"), ferry(tier="disk", disk=str(tmp_path), level="leaf")):
+        got, _ = session.run(args, lora_patches=lora())
+        assert torch.equal(got, plain_lora), args
+    got, _ = session.run(ferry(tier="ram"))  # the LoRA removed, Ferry on
+    assert torch.equal(got, plain)
+    got, _ = session.run(lora_patches=lora())  # Ferry off: Forge's own merge again
+    assert torch.equal(got, plain_lora)
+    assert session.run()[0].equal(plain)
+
+
+def test_forges_cpu_swap_finds_nothing_to_move(session: Any) -> None:
+    """Where VRAM is short Forge moves the loaded module's parts itself; with Ferry the loaded
+    module is empty, so the layout is never moved behind the engine's back."""
+    plain, _ = session.run()
+    session.mm.cpu_swap_budget = 0
+    got, _ = session.run(ferry(tier="ram"))
+    assert torch.equal(got, plain)
+    assert session.mm.current_loaded_models[0].swapped == []
+
+
+def test_a_clone_after_ferry_keeps_the_offload(session: Any, host: Any) -> None:
+    """Scripts after Ferry's (FreeU, ...) clone the UNet: UnetPatcher.clone builds a plain one."""
+
+    class Cloner:
+        def process_before_every_sampling(self, p: Any, *args: Any, **kw: Any) -> None:
+            p.sd_model.forge_objects.unet = p.sd_model.forge_objects.unet.clone()
+
+    plain, _ = session.run()
+    got, _ = forge.generate(session.mm, session.sd, [(session.script, ferry()), (Cloner(), ())], X)
+    assert torch.equal(got, plain)
+    unet = session.sd.forge_objects.unet
+    assert isinstance(unet, patcher_mod.FerryPatcherMixin) and unet.ferry_offload is not None
+    assert session.layout.live
+
+
+def test_an_abandoned_clone_does_not_pull_the_layout(session: Any) -> None:
+    session.run(ferry())
+    old = session.sd.forge_objects.unet
+    session.run(ferry())
+    assert session.layout.live
+    old.forge_unpatch_model()  # Forge's free_memory unpatches abandoned patchers like this
+    assert session.layout.live
+    session.sd.forge_objects.unet.forge_unpatch_model(forge.CPU)  # a full unload releases
+    assert not session.layout.live
+
+
+def test_a_checkpoint_switch_releases_the_old_layout(host: Any, tmp_path: Path) -> None:
+    a = Session(host, seed=0)
+    a.run(ferry(tier="disk", disk=str(tmp_path)))
+    folder = Path(a.layout.handle.stats().disk_folder)
+    assert any(folder.iterdir())
+    a.mm.unload_all_models()  # what Forge does before loading another checkpoint
+    assert not a.layout.live and not folder.exists()
+    b = Session(host, seed=1)
+    b.mm = a.mm
+    plain_b, _ = b.run()
+    got, _ = b.run(ferry(tier="disk", disk=str(tmp_path)))
+    assert torch.equal(got, plain_b)
+    b.layout.release()
+
+
+def _refusal(session: Any, args: tuple[Any, ...]) -> str:
+    with pytest.raises(controls.ControlError) as e:
+        session.run(args)
+    return str(e.value)
+
+
+def test_refusals_name_the_control_stop_the_load_and_the_next_generation_works(
+    session: Any, tmp_path: Path
+) -> None:
+    plain, _ = session.run()
+    assert _refusal(session, ferry(blocks=9)) == (
+        "Ferry offload › Blocks per group: this model has at most 6 blocks in a row; choose 1..6"
+    )
+    with tmpfs(tmp_path / "ro", "1m", readonly=True) as ro:
+        msg = _refusal(session, ferry(tier="disk", disk=str(ro / "f")))
+    assert msg.startswith("Ferry offload › Disk folder: ") and "not writable" in msg, msg
+    assert _refusal(session, ferry(budget="lots")).startswith(
+        "Ferry offload › VRAM budget (GB): 'lots' is not a budget"
+    )
+    assert _refusal(session, ferry(look=0)).startswith("Ferry offload › Look-ahead: ")
+    assert _refusal(session, ferry(tier="floppy")).startswith(
+        "Ferry offload › Where the rest waits: "
+    )
+    assert not session.layout.live
+    got, _ = session.run(ferry(tier="ram"))
+    assert torch.equal(got, plain)
+
+
+def test_use_saved_settings(session: Any, tmp_path: Path) -> None:
+    plain, _ = session.run()
+    path = tmp_path / "settings.json"
+    settings_file.save_settings(
+        settings_file.PanelSettings(oc.OffloadPolicy.from_dict({"level": "leaf", "tier": "disk", "prefetch_depth": 2, "disk_path": str(tmp_path / "saved")})),
+        path,
+    )  # fmt: skip
+    got, p = session.run(ferry(tier="ram", use_saved=True))
+    assert torch.equal(got, plain)
+    assert p.extra_generation_params["Ferry"] == "leaf, disk, look-ahead 2, VRAM budget none"
+    assert session.layout.handle.policy.tier.path == str(tmp_path / "saved")
+    path.write_text(json.dumps({"ferry_settings": 1, "policy": {"prefetch_depth": 99}}))
+    assert _refusal(session, ferry(use_saved=True)).startswith(
+        "Ferry offload › Use saved settings: the saved setting 'prefetch_depth' is invalid"
+    )
+
+
+def test_empty_disk_folder_is_the_webuis_default(session: Any, host: Any) -> None:
+    session.run(ferry(tier="disk", disk=""))
+    assert session.layout.handle.policy.tier.path == host.default_disk_path
+
+
+def test_model_size_is_ferrys_device_footprint(session: Any) -> None:
+    session.run(ferry(tier="ram", blocks=1))
+    unet = session.sd.forge_objects.unet
+    full = sum(p.numel() * 4 for p in session.kmodel.parameters())
+    size = unet.model_size()
+    assert size == session.layout.handle.plan.device_bytes + 16 * 4  # + the predictor's sigmas
+    assert size < full
+
+
+def test_the_stats_route_counts_layouts(session: Any) -> None:
+    session.run(ferry(tier="ram"))
+    s = routes.stats()
+    assert [o["tier"] for o in s["offloads"] if o["name"] == "tiny"] == ["ram"]
+    assert s["layouts"] >= 1 and "settings_path" in s
+
+
+# ---- the controls (no model) --------------------------------------------------------------
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"level": "block", "blocks_per_group": 3, "tier": "disk", "disk_path": "/x", "prefetch_depth": 2, "vram_budget_gb": "auto"},
+        {"level": "leaf", "tier": "pinned", "vram_budget_gb": "6.5"},
+        {"level": "block", "tier": "ram"},
+    ],
+)  # fmt: skip
+def test_infotext_round_trips(policy: dict[str, Any]) -> None:
+    p = oc.OffloadPolicy.from_dict(policy)
+    text = controls.describe(p)
+    back = controls.parse_infotext(text)
+    assert back is not None and back["enabled"] is True
+    flat = {
+        "level": back["level"], "blocks_per_group": back["blocks_per_group"], "tier": back["tier"],
+        "disk_path": "/x" if back["tier"] == "disk" else None, "prefetch_depth": back["prefetch_depth"],
+        "vram_budget_gb": back["vram_budget"],
+    }  # fmt: skip
+    assert oc.OffloadPolicy.from_dict(flat) == p
+    assert controls.parse_infotext("something else") is None
+    assert controls.parse_infotext(None) is None
+
+
+def test_pasting_parameters_sets_the_controls() -> None:
+    widgets = [object() for _ in controls.CONTROLS]
+    fields = dict(script_mod.infotext_fields(widgets))
+    params = {"Ferry": "leaf, disk, look-ahead 3, VRAM budget 2 GB"}
+    got = {cid: fields[w](params) for w, (cid, _) in zip(widgets, controls.CONTROLS) if w in fields}
+    assert got == {"enabled": True, "level": "leaf", "blocks_per_group": 1, "tier": "disk",
+                   "prefetch_depth": 3, "vram_budget": "2", "use_saved": False}  # fmt: skip
+    off = {cid: fields[w]({}) for w, (cid, _) in zip(widgets, controls.CONTROLS) if w in fields}
+    assert off["enabled"] is False and off["tier"] is None  # None: Forge leaves it as it is
+
+
+def test_api_callers_args() -> None:
+    assert controls.controls_dict([True])["tier"] == "pinned"  # missing trailing: defaults
+    with pytest.raises(controls.ControlError, match="got 9 values for 8 controls"):
+        controls.controls_dict([True] * 9)
+    with pytest.raises(controls.ControlError, match=r"^Ferry offload: must be true or false"):
+        controls.offload_from_controls(["yes"], default_disk_path="/t", load_saved=lambda: None)
+    assert (
+        controls.offload_from_controls([False], default_disk_path="/t", load_saved=lambda: None)
+        is None
+    )

@@ -1,0 +1,223 @@
+"""The "Ferry offload" accordion's values -> a validated ForgeOffload, every error naming a control.
+
+Pure logic (no Forge, no Gradio), so CI tests it directly; webui/script.py only calls it.
+A ConfigError from offload_core names a *setting* ("vram_budget_gb"); a Forge user sees
+*controls* ("VRAM budget"), so each error is re-raised as ControlError naming the control.
+
+The accordion's values reach a script positionally (the UI, and API callers' ``args``), so
+``CONTROLS`` is their order, stable forever: new controls go last.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
+from ..offload_core.policy import parse_disk_path
+from ..offload_core.sources.disk_folder import check_disk_folder
+
+SECTION = "Ferry offload"
+
+#: (control id, label), in the order the script receives their values.
+CONTROLS = (
+    ("enabled", SECTION),
+    ("level", "How to cut the UNet"),
+    ("blocks_per_group", "Blocks per group"),
+    ("tier", "Where the rest waits"),
+    ("disk_path", "Disk folder"),
+    ("prefetch_depth", "Look-ahead"),
+    ("vram_budget", "VRAM budget (GB)"),
+    ("use_saved", "Use saved settings"),
+)
+LABELS = dict(CONTROLS)
+LEVELS = ("block", "leaf")
+TIERS = ("pinned", "ram", "disk")
+DEFAULTS: dict[str, Any] = {
+    "enabled": False, "level": "block", "blocks_per_group": 1, "tier": "pinned", "disk_path": "",
+    "prefetch_depth": 1, "vram_budget": "auto", "use_saved": False,
+}  # fmt: skip
+
+# offload_core setting name -> the control a user changes to fix it.
+_CONTROL_FOR_SETTING = {
+    "level": "level",
+    "blocks_per_group": "blocks_per_group",
+    "tier": "tier",
+    "disk_path": "disk_path",
+    "source_checkpoint": "disk_path",
+    "prefetch_depth": "prefetch_depth",
+    "vram_budget": "vram_budget",
+    "vram_budget_gb": "vram_budget",
+}
+
+
+class ControlError(FerryError, ValueError):
+    """A control's value cannot be used. str() starts with "Ferry offload › <label>: "."""
+
+    def __init__(self, control: str, message: str) -> None:
+        label = LABELS.get(control, control)
+        where = SECTION if control == "enabled" else f"{SECTION} › {label}"
+        super().__init__(f"{where}: {message}")
+        self.control = control
+        self.message = message
+
+
+def as_control_error(err: ConfigError, *, saved: bool = False) -> ControlError:
+    """Re-labels an offload_core ConfigError with the control that fixes it."""
+    msg = str(err).removeprefix(f"{err.setting}: ")
+    if saved:
+        # The values came from the settings file, not from a control of this accordion.
+        return ControlError(
+            "use_saved",
+            f"the saved setting {err.setting!r} is invalid ({msg}); fix it in the Ferry tab "
+            "and Save, or turn Use saved settings off and set the controls here",
+        )
+    control = _CONTROL_FOR_SETTING.get(err.setting)
+    if control is None:  # a setting this accordion does not show (headroom, direct_io, ...)
+        return ControlError("use_saved", f"{err}")
+    return ControlError(control, msg)
+
+
+@dataclass(frozen=True)
+class ForgeOffload:
+    """What a Ferry patcher carries through Forge's clones: how, and under which name."""
+
+    policy: OffloadPolicy
+    name: str = "unet"
+    from_saved: bool = False
+
+    def with_source_checkpoint(self, path: str | None) -> ForgeOffload:
+        """Lets the disk tier read unchanged groups straight from the checkpoint file."""
+        tier = self.policy.tier
+        if not isinstance(tier, DiskTier) or not path or not path.endswith(".safetensors"):
+            return self
+        if not os.path.isfile(path):  # moved or deleted since Forge loaded it: write groups
+            return self
+        policy = replace(self.policy, tier=replace(tier, source_checkpoint=path))
+        return replace(self, policy=policy)
+
+    def infotext(self) -> str:
+        """The infotext value (key ``INFOTEXT_KEY``): every setting but the folder, which is
+        a path on this machine and means nothing on another."""
+        return describe(self.policy)
+
+
+INFOTEXT_KEY = "Ferry"
+
+
+def describe(policy: OffloadPolicy) -> str:
+    """``block 2, disk, look-ahead 1, VRAM budget auto``; ``parse_infotext`` reads it back."""
+    d = policy.to_dict()
+    level = f"block {d['blocks_per_group']}" if d["level"] == "block" else "leaf"
+    budget = d["vram_budget_gb"]
+    shown = "none" if budget is None else budget if budget == "auto" else f"{round(budget, 3)} GB"
+    return f"{level}, {d['tier']}, look-ahead {d['prefetch_depth']}, VRAM budget {shown}"
+
+
+_INFOTEXT = re.compile(
+    r"\s*(?:block (?P<blocks>\d+)|(?P<leaf>leaf))\s*,\s*(?P<tier>pinned|ram|disk)\s*,"
+    r"\s*look-ahead (?P<depth>\d+)\s*,\s*VRAM budget (?P<budget>none|auto|[\d.]+ GB)\s*"
+)
+
+
+def parse_infotext(text: Any) -> dict[str, Any] | None:
+    """Control values from an infotext's ``Ferry`` value (pasting an image's parameters);
+    None when ``text`` is not one (Ferry was off, or another writer's format)."""
+    m = _INFOTEXT.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        return None
+    budget = m["budget"]
+    return {
+        "enabled": True,
+        "level": "leaf" if m["leaf"] else "block",
+        "blocks_per_group": int(m["blocks"] or 1),
+        "tier": m["tier"],
+        "prefetch_depth": int(m["depth"]),
+        "vram_budget": "" if budget == "none" else budget.removesuffix(" GB"),
+        "use_saved": False,
+    }
+
+
+def controls_dict(values: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
+    """The script's positional values as {control id: value}; missing trailing ones default
+    (an API caller that predates a control), extra ones are refused."""
+    if len(values) > len(CONTROLS):
+        raise ControlError(
+            "enabled",
+            f"got {len(values)} values for {len(CONTROLS)} controls "
+            f"({', '.join(c for c, _ in CONTROLS)}); check the API call's args",
+        )
+    out = dict(DEFAULTS)
+    out.update(zip((c for c, _ in CONTROLS), values))
+    return out
+
+
+def offload_from_controls(
+    values: tuple[Any, ...] | list[Any],
+    *,
+    default_disk_path: str,
+    load_saved: Callable[[], Any],
+    name: str = "unet",
+) -> ForgeOffload | None:
+    """The offload the controls ask for (None: Ferry is off), validated.
+
+    ``load_saved`` is settings_file.load_settings (the file the Ferry tab's Save writes and
+    ComfyUI's nodes read); it is called only with Use saved settings on. Raises ControlError.
+    """
+    c = controls_dict(values)
+    if not isinstance(c["enabled"], bool):
+        raise ControlError("enabled", f"must be true or false, got {c['enabled']!r}")
+    if not c["enabled"]:
+        return None
+    if c["use_saved"]:
+        try:  # the file holds a full disk folder where the tier is disk (its parser checks)
+            policy = load_saved().policy
+        except ConfigError as e:
+            raise as_control_error(e, saved=True) from None
+        return ForgeOffload(policy, name, from_saved=True)
+    level, tier = c["level"], c["tier"]
+    if level not in LEVELS:
+        raise ControlError("level", f"must be one of {list(LEVELS)}, got {level!r}")
+    if tier not in TIERS:
+        raise ControlError("tier", f"must be one of {list(TIERS)}, got {tier!r}")
+    try:
+        # Each value goes through its setting's one parser (offload_core/policy.py): the disk
+        # folder here (empty is the WebUI's default folder), the rest in from_dict.
+        path = parse_disk_path(c["disk_path"], default_disk_path) if tier == "disk" else None
+        flat = {
+            "level": level,
+            "blocks_per_group": c["blocks_per_group"],
+            "tier": tier,
+            "disk_path": path,
+            "prefetch_depth": c["prefetch_depth"],
+            "vram_budget_gb": c["vram_budget"],
+        }
+        return ForgeOffload(OffloadPolicy.from_dict(flat), name)
+    except ConfigError as e:
+        raise as_control_error(e) from None
+
+
+def check_folder(offload: ForgeOffload) -> None:
+    """The disk tier's folder, checked read-only before the generation loads anything (the
+    same check, and the same words, as the panel's field and ComfyUI's node). Free space is
+    checked when the groups are laid out: groups read from the checkpoint need none."""
+    tier = offload.policy.tier
+    if not isinstance(tier, DiskTier):
+        return
+    check = check_disk_folder(tier.path, None)
+    if not check.ok:
+        control = "use_saved" if offload.from_saved else "disk_path"
+        raise ControlError(control, check.message)
+
+
+def check_blocks(offload: ForgeOffload, max_blocks: int) -> None:
+    """Blocks per group against the model's longest run of blocks (``plan.max_blocks_per_group``)."""
+    k = getattr(offload.policy.level, "blocks_per_group", 1)
+    if k > max_blocks:
+        control = "use_saved" if offload.from_saved else "blocks_per_group"
+        raise ControlError(
+            control, f"this model has at most {max_blocks} blocks in a row; choose 1..{max_blocks}"
+        )

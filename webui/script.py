@@ -1,0 +1,197 @@
+"""The "Ferry offload" script: an always-visible accordion in txt2img and img2img.
+
+``script_class(host)`` builds the ``scripts.Script`` subclass from the host's parts (Forge's
+``modules.scripts``, its Gradio, its ``InputAccordion``), so this file imports neither Forge
+nor Gradio and CI builds it against stand-ins. Before every sampling the script hands Forge a
+Ferry clone of the UNet's patcher (as Forge's built-in FreeU hands it a patched clone), or
+does nothing when the accordion is off: Forge's own path, untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..offload_core import BlockLevel, ConfigError, FerryError, OffloadPolicy, RamTier
+from ..offload_core.tools.settings_file import load_settings
+from .controls import (
+    CONTROLS,
+    DEFAULTS,
+    INFOTEXT_KEY,
+    SECTION,
+    ControlError,
+    ForgeOffload,
+    as_control_error,
+    check_blocks,
+    check_folder,
+    offload_from_controls,
+    parse_infotext,
+)
+from .layout import COUNTS, UnetLayout
+from .patcher import ferry_clone
+
+#: Blocks per group slider's top: the longest run of blocks of the models Forge runs (Flux's
+#: 38 single blocks). A model with fewer is refused with its own maximum, naming the control.
+MAX_BLOCKS_SLIDER = 38
+
+INTRO = (
+    "Ferry keeps part of the UNet on the GPU and streams the rest in just before it is needed, "
+    "from RAM or from disk; the image is the same as without it."
+)
+GPU_WEIGHTS_NOTE = (
+    "While Ferry is on, Forge's **GPU Weights** slider no longer decides how much of the UNet "
+    "sits on the GPU: the **VRAM budget** here does. GPU Weights still sets the room Forge "
+    "keeps free for computing (total VRAM − GPU Weights) and still places the text encoder and "
+    "the VAE. The disk folder is not written into the image's parameters."
+)
+
+
+@dataclass(frozen=True)
+class Host:
+    """What the script needs from the WebUI: Forge passes its own modules (scripts/ferry_webui.py)."""
+
+    script_base: type  # modules.scripts.Script
+    always_visible: Any  # modules.scripts.AlwaysVisible
+    gr: Any  # the host's gradio module
+    input_accordion: Callable[..., Any]  # modules.ui_components.InputAccordion
+    default_disk_path: str  # the disk tier's folder when the Disk folder box is empty
+    load_saved: Callable[[], Any] = load_settings
+
+
+def offload_for(p: Any, values: tuple[Any, ...], host: Host) -> ForgeOffload | None:
+    """The offload the accordion asks for on ``p``'s model, validated against that model
+    (nothing moves); None when Ferry is off. Raises ControlError naming the control."""
+    model = p.sd_model
+    info = getattr(model, "sd_checkpoint_info", None)
+    name = getattr(info, "model_name", None) or "unet"
+    offload = offload_from_controls(
+        values, default_disk_path=host.default_disk_path, load_saved=host.load_saved, name=name
+    )
+    if offload is None:
+        return None
+    offload = offload.with_source_checkpoint(getattr(info, "filename", None))
+    unet = model.forge_objects.unet
+    layout = UnetLayout.of(unet.model)
+    try:
+        # Blocks per group first, in the accordion's words: the model's longest run of blocks.
+        probe = layout.plan(OffloadPolicy(level=BlockLevel(1), tier=RamTier()), unet.load_device)
+        check_blocks(offload, probe.max_blocks_per_group)
+        layout.plan(offload.policy, unet.load_device)
+    except ConfigError as e:
+        raise as_control_error(e, saved=offload.from_saved) from None
+    check_folder(offload)
+    return offload
+
+
+def refuse(p: Any, err: ControlError) -> str:
+    """The generation will stop at the UNet's load with ``err`` (before any weight moves)."""
+    print(f"{SECTION}: refused: {err}")
+    COUNTS["refusals"] += 1
+    COUNTS["last_refusal"] = str(err)
+    p.sd_model.forge_objects.unet = ferry_clone(p.sd_model.forge_objects.unet, None, refusal=err)
+    return str(err)
+
+
+def hand_over(p: Any, values: tuple[Any, ...], host: Host) -> str | None:
+    """Puts a Ferry clone of the UNet's patcher in ``p.sd_model.forge_objects`` (or one that
+    refuses to load, naming the control); returns the refusal's message, if any."""
+    unet = p.sd_model.forge_objects.unet
+    try:
+        offload = offload_for(p, values, host)
+    except ControlError as e:
+        return refuse(p, e)
+    except FerryError as e:  # a model Ferry cannot cut (no block list at block level, ...)
+        return refuse(p, ControlError("level", str(e)))
+    if offload is None:
+        return None
+    p.sd_model.forge_objects.unet = ferry_clone(unet, offload)
+    p.extra_generation_params[INFOTEXT_KEY] = offload.infotext()
+    return None
+
+
+def accordion(host: Host, is_img2img: bool) -> list[Any]:
+    """The controls, in ``CONTROLS`` order."""
+    gr = host.gr
+    tab = "img2img" if is_img2img else "txt2img"
+    with host.input_accordion(False, label=SECTION, elem_id=f"{tab}_ferry_offload") as enabled:
+        gr.Markdown(INTRO)
+        with gr.Row():
+            level = gr.Radio(
+                [("Groups of blocks", "block"), ("Layer by layer (least VRAM, slowest)", "leaf")],
+                value=DEFAULTS["level"], label="How to cut the UNet", elem_id=f"{tab}_ferry_level",
+            )  # fmt: skip
+            blocks = gr.Slider(
+                1, MAX_BLOCKS_SLIDER, value=DEFAULTS["blocks_per_group"], step=1,
+                label="Blocks per group", elem_id=f"{tab}_ferry_blocks",
+                info="Blocks moved together: more is faster and needs more VRAM. SD 1.5 has "
+                "12 in a row, SDXL 9, Flux 38.",
+            )  # fmt: skip
+        with gr.Row():
+            tier = gr.Radio(
+                [("Pinned RAM (fastest)", "pinned"), ("RAM", "ram"), ("Disk (SSD/NVMe)", "disk")],
+                value=DEFAULTS["tier"], label="Where the rest waits", elem_id=f"{tab}_ferry_tier",
+            )  # fmt: skip
+            disk_path = gr.Textbox(
+                value=DEFAULTS["disk_path"], label="Disk folder", placeholder=host.default_disk_path,
+                elem_id=f"{tab}_ferry_disk_path",
+                info="For the disk tier: a folder on your fastest disk (empty: the folder shown). "
+                "Groups read from the checkpoint itself write nothing.",
+            )  # fmt: skip
+        with gr.Row():
+            prefetch = gr.Slider(
+                1, 8, value=DEFAULTS["prefetch_depth"], step=1, label="Look-ahead",
+                elem_id=f"{tab}_ferry_prefetch",
+                info="Groups loaded ahead of the one computing; 2 or more hides a slow disk.",
+            )  # fmt: skip
+            budget = gr.Textbox(
+                value=DEFAULTS["vram_budget"], label="VRAM budget (GB)",
+                elem_id=f"{tab}_ferry_vram_budget",
+                info="auto: keep what fits in free VRAM; a number of GB; empty: stream every group.",
+            )  # fmt: skip
+        use_saved = gr.Checkbox(
+            value=DEFAULTS["use_saved"], elem_id=f"{tab}_ferry_use_saved",
+            label="Use saved settings (the Ferry tab's Save, shared with ComfyUI; the controls "
+            "above are then ignored)",
+        )  # fmt: skip
+        gr.Markdown(GPU_WEIGHTS_NOTE)
+    return [enabled, level, blocks, tier, disk_path, prefetch, budget, use_saved]
+
+
+def infotext_fields(controls: list[Any]) -> list[tuple[Any, Callable[[dict[str, Any]], Any]]]:
+    """Pasting an image's parameters sets the controls back (Ferry off when it was off)."""
+
+    def field(cid: str) -> Callable[[dict[str, Any]], Any]:
+        def read(params: dict[str, Any]) -> Any:
+            got = parse_infotext(params.get(INFOTEXT_KEY))
+            if got is None:
+                return False if cid == "enabled" else None  # None: leave the control as it is
+            return got.get(cid)
+
+        return read
+
+    return [(c, field(cid)) for c, (cid, _) in zip(controls, CONTROLS) if cid != "disk_path"]
+
+
+def script_class(host: Host) -> type:
+    """The ``scripts.Script`` subclass Forge loads (scripts/ferry_webui.py exports it)."""
+
+    class FerryOffloadScript(host.script_base):  # type: ignore[misc,name-defined]
+        sorting_priority = 15
+
+        def title(self) -> str:
+            return SECTION
+
+        def show(self, is_img2img: bool) -> Any:
+            return host.always_visible
+
+        def ui(self, is_img2img: bool) -> list[Any]:
+            controls = accordion(host, is_img2img)
+            self.infotext_fields = infotext_fields(controls)
+            return controls
+
+        def process_before_every_sampling(self, p: Any, *args: Any, **kwargs: Any) -> None:
+            # Called again for the hires pass, on a fresh copy of the UNet's patcher.
+            hand_over(p, args, host)
+
+    return FerryOffloadScript
