@@ -3,6 +3,7 @@
 #   bash run.sh [panel] [--port 7860 --no-browser]      the main job: the panel on the demo model
 #   bash run.sh demo [--size-gb 2 --tier pinned ...]   the CLI demo: resident vs offloaded table
 #   bash run.sh test [pytest args]                      lint, type-check and the test suite
+#   bash run.sh platforms [windows|macos]               the I/O tests under the stand-ins
 set -euo pipefail
 cd "$(dirname "$0")"
 job=panel
@@ -51,5 +52,22 @@ case "$job" in
     "$py" -m mypy
     exec "$py" -m pytest "$@"
     ;;
-  *) echo "usage: bash run.sh {panel|demo|test} [args]" >&2; exit 2 ;;
+  platforms)
+    # The offload_core and nodes tests that touch files, mappings and the lifecycle, under
+    # tests/platform_standin.py's Windows and macOS stand-ins (README: Platforms).
+    io_tests=(tests/test_platform.py tests/test_file_backend.py tests/test_equivalence.py
+      tests/test_faults.py tests/test_recovery.py tests/test_lifecycle.py tests/test_mapped.py
+      tests/test_window_read.py tests/test_stream_load.py tests/test_stream_memory.py
+      tests/test_stream_quant.py tests/test_descriptor_limit.py tests/test_host_memory.py
+      tests/test_quant_offload.py tests/test_nodes_recovery.py tests/test_nodes_binding.py
+      tests/test_settings_parsers.py)
+    status=0
+    for standin in ${1:-windows macos}; do
+      echo "ferry: the I/O tests under the $standin stand-in"
+      PYTHONPATH="$PWD/tests/platform_site${PYTHONPATH:+:$PYTHONPATH}" FERRY_PLATFORM_STANDIN=$standin \
+        "$py" -m pytest -q "${io_tests[@]}" || status=1
+    done
+    exit $status
+    ;;
+  *) echo "usage: bash run.sh {panel|demo|test|platforms} [args]" >&2; exit 2 ;;
 esac

@@ -1,12 +1,15 @@
 """Head to head: resident, ComfyUI core's partial loading, Ferry and diffusers group offloading
 sampling THE SAME model with the same sampler, VRAM capped like a consumer card.
 
-    python -m bench.h2h [--comfy DIR] [--caps 12,24] [--steps 4] [--out FILE]
+    python -m bench.h2h [--comfy DIR] [--comfy-dynamic DIR] [--caps 12,24] [--steps 4] [--out F]
 
 With ``--comfy`` (default: $FERRY_COMFYUI) every row runs real ComfyUI in process (KSampler on
 a model loaded by ``comfy.sd``: full-size Flux-dev-shaped on a GPU, a tiny SD3 on a CPU);
 without it, the ComfyUI rows are skipped and the others sample the bench model with an Euler
-loop. Each row is a fresh process (bench/h2h_worker.py); its result is kept in the workdir, so
+loop. ``--comfy-dynamic`` (default: $FERRY_COMFYUI_DYNAMIC) adds the ``dyn-*`` rows on a
+current core (v0.33: dynamic VRAM, pinned memory, async offload by default; bench/h2h_comfy.py).
+They run first: core's defaults and Ferry on that core, at the tightest cap first, are what a
+10-minute call must not miss. Each row is a fresh process (bench/h2h_worker.py); its result is kept in the workdir, so
 a second call (the next 10-minute slot on a lent GPU) resumes where the first stopped.
 On a CPU (the dry run) the "cap" is 85 % of the model's bytes, so the offload paths run.
 """
@@ -33,7 +36,9 @@ CPU_CAP = 0.85  # the dry run's "VRAM" cap, as a share of the model's bytes
 COLUMNS = ("row", "cap", "s/step", "x resident", "peak VRAM", "peak RssAnon", "peak RssFile",
            "H2D GB/s (/ pinned)", "disk GB/s (/ raw)", "equal")  # fmt: skip
 COMFY_ROWS = ("comfy-lowvram", "comfy-lowvram-async")
-ALL_ROWS = ("resident", *COMFY_ROWS, "ferry-pinned", "ferry-ram", "ferry-disk",
+# The current core's rows, in the order they run (see the module docstring).
+DYN_ROWS = ("dyn-resident", "dyn-default", "dyn-ferry-pinned", "dyn-fast-disk", "dyn-ferry-disk")
+ALL_ROWS = (*DYN_ROWS, "resident", *COMFY_ROWS, "ferry-pinned", "ferry-ram", "ferry-disk",
             "diffusers-block", "diffusers-disk")  # fmt: skip
 
 
@@ -41,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--comfy", default=os.environ.get("FERRY_COMFYUI") or None)
     p.add_argument("--comfy-python", default=os.environ.get("FERRY_COMFYUI_PYTHON") or None)
+    p.add_argument("--comfy-dynamic", default=os.environ.get("FERRY_COMFYUI_DYNAMIC") or None)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--caps", default="12,24", help="VRAM caps in GB (GPU); CPU: one tiny cap")
     p.add_argument("--rows", default=",".join(ALL_ROWS))
@@ -57,11 +63,26 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def comfy_python(args: argparse.Namespace) -> str:
-    if args.comfy_python:
+def comfy_python(args: argparse.Namespace, comfy: str | None = None) -> str:
+    """The Python that runs ``comfy`` (default ``--comfy``): --comfy-python for the first core,
+    else the checkout's own venv, else this one."""
+    comfy = comfy or args.comfy or args.comfy_dynamic
+    if not comfy:
+        return sys.executable
+    if args.comfy_python and comfy == args.comfy:
         return str(args.comfy_python)
-    venv = Path(args.comfy) / "venv" / "bin" / "python"
+    venv = Path(comfy) / "venv" / "bin" / "python"
     return str(venv) if venv.exists() else sys.executable
+
+
+def core_of(args: argparse.Namespace, row: str) -> str | None:
+    return args.comfy_dynamic if row.startswith("dyn-") else args.comfy
+
+
+def core_version(comfy: str | None) -> str:
+    f = Path(comfy or "") / "comfyui_version.py"
+    text = f.read_text() if f.is_file() else ""
+    return text.split('__version__ = "')[1].split('"')[0] if '__version__ = "' in text else "?"
 
 
 def has_module(python: str, name: str) -> bool:
@@ -80,11 +101,12 @@ def worker_env() -> dict[str, str]:
 
 def prepare_model(args: argparse.Namespace, python: str, wd: Path) -> dict[str, Any]:
     """The model every row samples (made once per workdir) and what the worker needs of it."""
-    if args.comfy:
+    comfy = args.comfy or args.comfy_dynamic
+    if comfy:
         kind = "flux-dev" if args.device == "cuda" else "sd3-tiny"
         path = wd / f"{kind}.safetensors"
         if not path.exists():
-            cmd = [python, "-m", "bench.h2h_models", args.comfy, kind, str(path)]
+            cmd = [python, "-m", "bench.h2h_models", comfy, kind, str(path)]
             subprocess.run(cmd, check=True, cwd=REPO, env=worker_env())
         info = json.loads(path.with_suffix(".json").read_text())
         return {"backend": "comfy", "model": str(path), "info": info, "bytes": info["bytes"]}
@@ -112,20 +134,31 @@ def plan_rows(args: argparse.Namespace, prep: dict[str, Any], python: str):
     if unknown:
         raise SystemExit(f"unknown rows {unknown}; rows: {', '.join(ALL_ROWS)}")
     skipped: list[tuple[str, str]] = []
+
+    def skip(rows: Any, why: str) -> None:
+        nonlocal wanted
+        skipped.extend((r, why) for r in wanted if r in rows)
+        wanted = [r for r in wanted if r not in rows]
+
     if prep["backend"] == "plain":
-        skipped += [(r, "FERRY_COMFYUI unset (no ComfyUI)") for r in wanted if r in COMFY_ROWS]
-        wanted = [r for r in wanted if r not in COMFY_ROWS]
+        skip(COMFY_ROWS, "FERRY_COMFYUI unset (no ComfyUI)")
+    elif not args.comfy:
+        skip(set(ALL_ROWS) - set(DYN_ROWS), "FERRY_COMFYUI unset (no legacy ComfyUI core)")
+    if not args.comfy_dynamic:
+        skip(DYN_ROWS, "FERRY_COMFYUI_DYNAMIC unset (no ComfyUI with dynamic VRAM)")
     if not has_module(python, "diffusers"):
-        skipped += [(r, "diffusers not installed") for r in wanted if r.startswith("diffusers")]
-        wanted = [r for r in wanted if not r.startswith("diffusers")]
+        skip([r for r in wanted if r.startswith("diffusers")], "diffusers not installed")
     if args.device == "cuda":
         caps = [int(float(c) * GB) for c in args.caps.split(",") if c]
     else:
         # The tiny model has 3 blocks: Ferry's streaming minimum (outside weights + 2 slots)
         # is ~78 % of it, so a smaller cap would only test the budget check.
         caps = [int(prep["bytes"] * CPU_CAP)]
-    todo = [("resident", None)] if "resident" in wanted else []
-    todo += [(r, c) for c in caps for r in wanted if r != "resident"]
+    todo: list[tuple[str, int | None]] = []
+    for group, ref in ((DYN_ROWS, "dyn-resident"), (set(ALL_ROWS) - set(DYN_ROWS), "resident")):
+        rows = [r for r in ALL_ROWS if r in group and r in wanted]  # ALL_ROWS' order
+        todo += [(ref, None)] if ref in rows else []
+        todo += [(r, c) for c in caps for r in rows if r != ref]
     return todo, skipped
 
 
@@ -136,7 +169,8 @@ def run_row(args, prep, python, wd: Path, row: str, cap: int | None, pinned: flo
         return json.loads(result.read_text())
     result.parent.mkdir(parents=True, exist_ok=True)
     budget = "auto" if args.device == "cuda" else f"{cap / 2**30:.6f}" if cap else "auto"
-    job = {**prep, "row": row, "device": args.device, "comfy_dir": args.comfy, "repo": str(REPO),
+    python = comfy_python(args, core_of(args, row)) if prep["backend"] == "comfy" else python
+    job = {**prep, "row": row, "device": args.device, "comfy_dir": core_of(args, row), "repo": str(REPO),
            "workdir": str(wd / f"scratch-{tag}"), "steps": args.steps, "warm_steps": 1, "seed": 7,
            "cap_bytes": cap, "ferry_budget": budget, "out": str(wd / "rows" / f"{tag}.pt"),
            "result": str(result), "threads": None}  # fmt: skip
@@ -179,9 +213,11 @@ def _rate(gbps: float | None, ceiling: float | None) -> str:
 
 
 def table(results: list[dict[str, Any]], pinned: float | None, raw: float | None) -> str:
-    res = next((r for r in results if r["row"] == "resident" and "error" not in r), None)
+    refs = {r["row"]: r for r in results if r["row"] in ("resident", "dyn-resident")}
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in results:
+        res = refs.get("dyn-resident" if r["row"].startswith("dyn-") else "resident")
+        res = None if res is None or "error" in res else res
         cap = f"{r['cap'] / GB:.3g} GB" if r.get("cap") else "none"
         if "error" in r:
             lines.append(f"| {r['row']} | {cap} | FAILED: {r['error'].splitlines()[0][:150]} |")
@@ -201,11 +237,26 @@ def table(results: list[dict[str, Any]], pinned: float | None, raw: float | None
     return "\n".join(lines)
 
 
+def core_notes(results: list[dict[str, Any]]) -> str:
+    """What each dyn row's core turned on, as its worker found it."""
+    out = ""
+    for r in results:
+        core = r.get("core")
+        if r["row"].startswith("dyn-") and core:
+            pinned = core.get("pinned_limit")
+            out += (
+                f"\n{r['row']}: dynamic VRAM {'on' if core['dynamic_vram'] else 'off'}, pinned "
+                f"memory {'limit ' + _gb(pinned) if pinned and pinned > 0 else 'off'}, "
+                f"{core.get('offload_streams') or 0} offload streams"
+            )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     wd = Path(args.workdir)
     wd.mkdir(parents=True, exist_ok=True)
-    python = comfy_python(args) if args.comfy else sys.executable
+    python = comfy_python(args) if args.comfy or args.comfy_dynamic else sys.executable
     t0 = time.perf_counter()
     prep = prepare_model(args, python, wd)
     todo, skipped = plan_rows(args, prep, python)
@@ -217,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         print(f"h2h: dry run on the CPU: the cap is {CPU_CAP:.0%} of the model's bytes; ComfyUI's lowvram "
               "rows get it through a shim (ComfyUI never partially loads onto a CPU)")  # fmt: skip
+    if args.comfy_dynamic:
+        print(f"h2h: dyn-* rows: ComfyUI {core_version(args.comfy_dynamic)} at {args.comfy_dynamic}"
+              + ("; dynamic VRAM is off on a CPU (comfy-aimdo initialises CUDA/ROCm devices "
+                 "only), so dyn-default and dyn-fast-disk run that core's legacy path, capped "
+                 "through the same shim" if args.device == "cpu" else ""))  # fmt: skip
     results, not_run = [], []
     for row, cap in todo:
         if time.perf_counter() - t0 > args.budget_s:
@@ -226,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"h2h: {row} cap={cap}: " + ("FAILED " + r["error"][-800:] if "error" in r
               else f"{r['s_step']:.3f} s/step"), flush=True)  # fmt: skip
         results.append(r)
-    text = table(results, pinned, raw)
+    text = table(results, pinned, raw) + core_notes(results)
     for row, why in skipped:
         text += f"\nskipped {row}: {why}"
     if not_run:

@@ -13,6 +13,18 @@ KSampler (``nodes.common_ksampler``); only how the weights reach the device diff
 - ``diffusers-block`` / ``diffusers-disk``: ``diffusers.hooks.apply_group_offloading`` (block
   level, one block per group, streams on a GPU) on the same diffusion model, behind a small
   ModelPatcher subclass so ComfyUI's loader leaves the placement to diffusers.
+
+The ``dyn-*`` rows run on a second, current core (ComfyUI >= 0.15; v0.33 here) with what it
+turns on by default on an NVIDIA card: dynamic VRAM (comfy-aimdo's ``ModelPatcherDynamic``),
+pinned memory and async offload streams; ``setup`` starts dynamic VRAM with the calls main.py
+makes (this harness imports ComfyUI's modules, not its server):
+
+- ``dyn-resident``: no cap (the reference of the dyn rows' ``equal`` column).
+- ``dyn-default``: the cap, core's defaults. ``dyn-fast-disk``: the same with ``--fast-disk``.
+- ``dyn-ferry-pinned`` / ``dyn-ferry-disk``: Ferry on that core (its non-dynamic delegate).
+
+On a CPU dynamic VRAM stays off (comfy-aimdo initialises CUDA/ROCm devices only): there the dyn
+rows run that core's legacy path, and the worker reports which it got.
 """
 
 from __future__ import annotations
@@ -27,7 +39,9 @@ import torch
 
 from bench.h2h_stubs import stub_if_missing
 
+DYN_ROWS = ("dyn-resident", "dyn-default", "dyn-ferry-pinned", "dyn-fast-disk", "dyn-ferry-disk")
 ROWS = (
+    *DYN_ROWS,
     "resident",
     "comfy-lowvram",
     "comfy-lowvram-async",
@@ -40,20 +54,64 @@ ROWS = (
 PACK_DIR_NAME = "ComfyUI-Ferry"  # hyphenated, as ComfyUI-Manager names the folder
 
 
-def setup(comfy_dir: str, device_type: str, async_offload: bool) -> None:
-    """Imports ComfyUI with its arguments set as the command line would set them."""
+def setup(comfy_dir: str, device_type: str, row: str) -> dict[str, Any]:
+    """Imports ComfyUI with its arguments set as the command line would set them for ``row``;
+    returns what the core turned on (dynamic VRAM, pinned-memory limit, offload streams)."""
     sys.path.insert(0, comfy_dir)  # before the repo root: ComfyUI's `nodes`, not the pack's
-    for name in ("torchvision", "av"):  # imported at module level, unused on this path
+    for name in ("torchvision", "torchaudio", "av"):  # imported at module level, unused here
         stub_if_missing(name)
     _fake_server()
     import comfy.cli_args
 
-    comfy.cli_args.args.cpu = device_type == "cpu"
-    comfy.cli_args.args.async_offload = async_offload  # read when model_management imports
-    import comfy.model_management
+    args = comfy.cli_args.args
+    args.cpu = device_type == "cpu"
+    if row.startswith("dyn-"):
+        args.fast_disk = row == "dyn-fast-disk"  # the current core's defaults otherwise
+    else:
+        args.async_offload = 2 if row.endswith("-async") else None  # read at import
+    dynamic = row.startswith("dyn-") and _aimdo_init()
+    import comfy.model_management as mm
     import comfy.sample
 
     import nodes  # noqa: F401
+
+    if dynamic:
+        dynamic = _aimdo_devices(mm)
+    return {
+        "dynamic_vram": bool(dynamic),
+        "pinned_limit": getattr(mm, "MAX_PINNED_MEMORY", None),
+        "offload_streams": getattr(mm, "NUM_STREAMS", None),
+    }
+
+
+def _aimdo_init() -> bool:
+    """The first half of ComfyUI's dynamic-VRAM start-up (main.py, v0.33): comfy_aimdo's
+    library is loaded before any comfy module imports comfy_aimdo (they bind it at import)."""
+    import comfy.cli_args
+
+    enables = getattr(comfy.cli_args, "enables_dynamic_vram", None)
+    if enables is None or not enables():
+        return False  # an older core, or --cpu
+    import comfy_aimdo.control
+
+    return bool(
+        comfy_aimdo.control.init(nvml_pressure=not comfy.cli_args.args.disable_nvml_pressure)
+    )
+
+
+def _aimdo_devices(mm: Any) -> bool:
+    """The second half (main.py): comfy_aimdo takes the devices; core's patcher becomes the
+    dynamic one and ``comfy.memory_management.aimdo_enabled`` is set. False where comfy_aimdo
+    refuses the device (main.py then keeps the legacy patcher, as this does)."""
+    import comfy.memory_management
+    import comfy.model_patcher
+    import comfy_aimdo.control
+
+    if not comfy_aimdo.control.init_devices(d.index for d in mm.get_all_torch_devices()):
+        return False
+    comfy.model_patcher.CoreModelPatcher = comfy.model_patcher.ModelPatcherDynamic
+    comfy.memory_management.aimdo_enabled = True
+    return True
 
 
 def _fake_server() -> None:
@@ -105,9 +163,11 @@ def lowvram_shim(cap_bytes: int) -> None:
 
 def apply_row(row: str, patcher: Any, workdir: Path, ferry_budget: str) -> Any:
     """The MODEL this row samples with."""
-    if row == "resident" or row.startswith("comfy-"):
+    if row in ("resident", "dyn-resident", "dyn-default", "dyn-fast-disk"):
         return patcher
-    if row.startswith("ferry-"):
+    if row.startswith("comfy-"):
+        return patcher
+    if "ferry-" in row:
         import nodes
 
         node = nodes.NODE_CLASS_MAPPINGS["FerryOffloadModel"]
@@ -116,7 +176,7 @@ def apply_row(row: str, patcher: Any, workdir: Path, ferry_budget: str) -> Any:
             use_panel_settings=False,
             level="block",
             blocks_per_group=1,
-            tier=row.split("-", 1)[1],
+            tier=row.rsplit("-", 1)[1],
             disk_path=str(workdir / "ferry"),
             prefetch_depth=2,
             vram_budget=ferry_budget,

@@ -69,9 +69,10 @@ def run_comfy(job: dict[str, Any], clock_box: list[StepClock]) -> dict[str, Any]
 
     row, device = job["row"], torch.device(job["device"])
     workdir = Path(job["workdir"])
-    hc.setup(job["comfy_dir"], device.type, async_offload=row.endswith("-async"))
+    core = hc.setup(job["comfy_dir"], device.type, row)
     pack = hc.load_pack(Path(job["repo"]), workdir / f"base-{row}") if "ferry" in row else None
-    if device.type == "cpu" and row.startswith("comfy-lowvram"):
+    capped_core = row.startswith("comfy-lowvram") or row in ("dyn-default", "dyn-fast-disk")
+    if device.type == "cpu" and capped_core and not core["dynamic_vram"]:
         hc.lowvram_shim(job["cap_bytes"])
     patcher = hc.load_model(job["model"])
     model = hc.apply_row(row, patcher, workdir, job["ferry_budget"])
@@ -88,7 +89,7 @@ def run_comfy(job: dict[str, Any], clock_box: list[StepClock]) -> dict[str, Any]
         return hc.ksample(model, job["info"], steps, job["seed"])
 
     stats = (lambda: hc.ferry_stats(pack, model)) if pack else (lambda: None)
-    return measure(job, device, sample, stats, clock)
+    return {**measure(job, device, sample, stats, clock), "core": core}
 
 
 def run_plain(job: dict[str, Any], clock_box: list[StepClock]) -> dict[str, Any]:

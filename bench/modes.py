@@ -49,7 +49,9 @@ def base_mode(mode: str) -> str:
     prefetch depth N; ``+copy`` DiskTier(cpu_read="copy") (read into slots, not mapped);
     ``+mapped`` DiskTier(cpu_read="mapped") (without either, the default "auto" decides);
     ``+everycrc`` DiskTier(verify="every_read"); ``+buffered`` DiskTier(direct_io=False);
-    ``+t<N>`` ``apply_offload(read_threads=N)``: the disk reader's pool."""
+    ``+t<N>`` ``apply_offload(read_threads=N)``: the disk reader's pool; ``+portable`` the
+    disk tier reads through the portable backend (disk/portable.py: Windows' way, no
+    ``os.preadv``), chosen at apply as a platform without it would."""
     return mode.split("+", 1)[0]
 
 
@@ -65,7 +67,8 @@ def valid(mode: str, device_type: str) -> bool:
     return not extras or (
         mode.startswith("ferry-")
         and all(
-            e in ("copy", "mapped", "everycrc", "buffered") or (e[:1] in "tp" and e[1:].isdigit())
+            e in ("copy", "mapped", "everycrc", "buffered", "portable")
+            or (e[:1] in "tp" and e[1:].isdigit())
             for e in extras
         )
     )
@@ -118,13 +121,15 @@ def _ferry(
         RamTier,
         apply_offload,
     )
+    from offload_core.disk.files import files, using
+    from offload_core.disk.portable import PortableFiles
 
     parts = base_mode(mode).split("-")
     extras = mode.split("+")[1:]
     prefetch = opts.get("prefetch", 1)
     read_threads = 4
     for e in extras:
-        if e.startswith("p"):
+        if e[:1] == "p" and e[1:].isdigit():
             prefetch = int(e[1:])
         elif e.startswith("t"):
             read_threads = int(e[1:])
@@ -140,9 +145,10 @@ def _ferry(
             cpu_read=next((e for e in extras if e in ("copy", "mapped")), "auto"),
         )
     policy = OffloadPolicy(level=level, tier=tier, prefetch_depth=prefetch)
-    handle = apply_offload(
-        model, policy, onload_device=device, name="bench", read_threads=read_threads
-    )
+    with using(PortableFiles() if "portable" in extras else files()):
+        handle = apply_offload(
+            model, policy, onload_device=device, name="bench", read_threads=read_threads
+        )
 
     def stats() -> dict[str, Any]:
         s = handle.stats()
@@ -165,7 +171,9 @@ def _ferry(
         files = [Path(folder)] if folder else []
         if ckpt:
             files.append(checkpoint)
-    return Applied(files=files, stats=stats, notes=list(handle.plan.notes), cleanup=handle.remove)
+    return Applied(
+        files=files, stats=stats, notes=list(handle.stats().notes), cleanup=handle.remove
+    )
 
 
 def _diffusers(

@@ -12,12 +12,19 @@ it loads the requested one. Laying the groups out again on each prompt would cos
 with the same config keeps the offload. ComfyUI asks the *loading* patcher ``is_clone(...)``
 before that detach; a Ferry patcher marks itself there (``mark_loading``). A plain patcher
 leaves no mark, so a detach before it releases the offload and it gets the plain module back.
+
+Two numbers come from the host (the patcher sets them; None outside ComfyUI): ``free_vram``,
+what the host counts as free on a device, which vram_budget "auto" uses instead of
+offload_core's own ``torch.cuda.mem_get_info`` (ComfyUI counts VRAM its dynamic loader could
+evict as free), and ``count_pinned``, told each change of the pinned bytes Ferry holds, so the
+host's pinned-memory budget counts them.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -30,12 +37,15 @@ from ..offload_core import (
     plan_offload,
 )
 from ..offload_core.errors import WeightsLostError
+from ..offload_core.model.layout import tensor_nbytes
 from ..offload_core.model.plan import OffloadPlan
+from ..offload_core.policy import AUTO, OffloadPolicy
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
 from .config import FerryConfig
 from .recovery import ATTR, LOST, ModelReloadError, drop_and_reload, quarantine
 
 Progress = Callable[[int, int], None]
+FreeVram = Callable[[torch.device], "int | None"]
 _all: weakref.WeakSet[OffloadBinding] = weakref.WeakSet()
 
 
@@ -48,6 +58,9 @@ class OffloadBinding:
         self._owner: weakref.ref[Any] | None = None
         self._base: weakref.ref[Any] | None = None
         self._plans: dict[tuple[Any, str], OffloadPlan] = {}
+        self.free_vram: FreeVram | None = None
+        self.count_pinned: Callable[[int], None] | None = None
+        self._pinned = 0  # the pinned bytes told to count_pinned
         _all.add(self)
 
     @staticmethod
@@ -75,8 +88,14 @@ class OffloadBinding:
             # so it goes now (plans are made from the plain module), and a "model already has
             # a Ferry offload" error never reaches a node.
             self._let_go()
-            self._plans[k] = plan_offload(self.module, config.policy, onload_device=device)
+            policy = self._policy(config, device)
+            self._plans[k] = plan_offload(self.module, policy, onload_device=device)
         return self._plans[k]
+
+    def _policy(self, config: FerryConfig, device: torch.device | str) -> OffloadPolicy:
+        """``config``'s policy with "auto" resolved by the host's count of free VRAM."""
+        free = self.free_vram(torch.device(device)) if self.free_vram is not None else None
+        return resolve_auto(config.policy, free, _bytes_on(self.module, torch.device(device)))
 
     def _let_go(self) -> None:
         """Whatever Ferry layout the module has (this binding's or a lost one) is removed."""
@@ -126,7 +145,7 @@ class OffloadBinding:
         weights = prepare_weights()
         self.handle = apply_offload(
             self.module,
-            config.policy,
+            self._policy(config, device),
             onload_device=device,
             name=config.name,
             progress=progress,
@@ -134,7 +153,13 @@ class OffloadBinding:
         )
         self.key = key
         self._plans[key[:2]] = self.handle.plan
+        self._set_pinned(self.handle.plan.bytes_per_tier()["pinned"])
         return True
+
+    def _set_pinned(self, nbytes: int) -> None:
+        if self.count_pinned is not None and nbytes != self._pinned:
+            self.count_pinned(nbytes - self._pinned)
+        self._pinned = nbytes
 
     def release(self) -> bool:
         """Removes the offload (parameters back as they were, files deleted)."""
@@ -153,7 +178,11 @@ class OffloadBinding:
             quarantine(self.module, err)  # so does a plain one (the Ferry node bypassed)
             raise err from e
         finally:
-            self.handle, self.key, self._owner = None, None, None
+            # A RestoreIncompleteError leaves the offload live (nothing dropped): kept, so
+            # the next release tries again.
+            if self.handle.removed:
+                self.handle, self.key, self._owner = None, None, None
+                self._set_pinned(0)
         return True
 
     # -- the load_models_gpu handshake (see the Note above) ---------------------------------
@@ -187,6 +216,24 @@ class OffloadBinding:
         )
         self.loading = None
         return bool(keep)
+
+
+def resolve_auto(policy: OffloadPolicy, free: int | None, on_device: int) -> OffloadPolicy:
+    """``policy`` with vram_budget "auto" turned into bytes from the host's ``free`` count (the
+    model's own bytes already on the device count as free: they move off), as offload_core
+    does with ``torch.cuda.mem_get_info``; as it is where the host counts nothing (a CPU)."""
+    if policy.vram_budget != AUTO or free is None:
+        return policy
+    return replace(policy, vram_budget=max(free + on_device - policy.headroom_bytes, 1))
+
+
+def _bytes_on(module: nn.Module, device: torch.device) -> int:
+    seen = {
+        id(t): tensor_nbytes(t)
+        for t in [*module.parameters(), *module.buffers()]
+        if t.device.type == device.type
+    }
+    return sum(seen.values())
 
 
 def release_from_panel(handle: Any, policy: Any) -> str:

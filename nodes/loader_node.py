@@ -6,12 +6,12 @@ import logging
 from typing import Any
 
 import comfy.model_management as mm
-import comfy.sd
 import comfy.utils
 import folder_paths
 from comfy_api.latest import io
 
 from ..offload_core.quant import PRESETS
+from . import comfy_core
 from .config import NodeInputError
 from .patcher import ferry_patcher_class
 from .quant_loader import check_preset, load_quantized_diffusion_model
@@ -107,12 +107,13 @@ def load_in_place(path: str, weight_dtype: str) -> Any:
     model = lazy_diffusion_model(path, weight_dtype)
     if model is None:
         log.warning(
-            "ferry: %s needs ComfyUI's key conversion (a diffusers layout), so it is loaded "
-            "whole into RAM; save it in ComfyUI's layout to run it bigger than RAM",
+            "ferry: %s needs ComfyUI's own conversion (a diffusers layout or ComfyUI's "
+            "quantized formats), so it is loaded whole into RAM; save it in ComfyUI's plain "
+            "layout to run it bigger than RAM",
             path,
         )
         dtype = WEIGHT_DTYPES[weight_dtype]
-        model = comfy.sd.load_diffusion_model(path, model_options={"dtype": dtype} if dtype else {})
+        model = comfy_core.load_diffusion_model(path, {"dtype": dtype} if dtype else {})
         # Unchanged weights: the disk tier can read groups straight from this file.
         model.ferry_source_checkpoint = path if dtype is None else None
     # Ferry's patcher with no offload: a plain load reads the weights whole, as UNETLoader.

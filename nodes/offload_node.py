@@ -11,12 +11,11 @@ import os
 from typing import Any
 
 import folder_paths
-from comfy_api.latest import io
+from comfy_api.latest import io, ui
 
 from ..offload_core import ConfigError, DiskTier
 from ..offload_core.policy import DEFAULT_HEADROOM_GB
 from ..offload_core.tools.settings_file import default_settings_path, load_settings
-from .binding import OffloadBinding
 from .config import (
     FerryConfig,
     NodeInputError,
@@ -25,6 +24,7 @@ from .config import (
     policy_from_inputs,
     policy_from_panel,
 )
+from .dynamic import DYNAMIC_VRAM_HELP
 from .offload_inputs import advanced_inputs, how_inputs, memory_inputs
 from .patcher import ferry_clone
 from .stream_loader import bytes_to_write
@@ -144,6 +144,8 @@ class FerryOffloadModel(io.ComfyNode):
             # Weights as in their file: the disk tier may read groups from it, not write copies.
             config = config.with_source_checkpoint(getattr(model, "ferry_source_checkpoint", None))
         out = ferry_clone(model, config)
+        if out is None:  # left to ComfyUI's dynamic VRAM; the log says why, once, with the flag
+            return io.NodeOutput(model, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
         _check_against_model(out, config, use_panel_settings)
         return io.NodeOutput(out)
 
@@ -151,9 +153,8 @@ class FerryOffloadModel(io.ComfyNode):
 def _check_against_model(out: Any, config: FerryConfig, use_panel_settings: bool) -> None:
     """Validates the policy against this model before any weight moves: grouping, block
     count, budget, and room in the disk folder for the groups that will be written."""
-    base = out.model
     try:
-        plan = OffloadBinding.of(base, base.diffusion_model).plan(config, out.load_device)
+        plan = out._ferry_binding().plan(config, out.load_device)
     except ConfigError as e:
         raise as_node_error(e, panel=use_panel_settings) from None
     tier = config.policy.tier

@@ -9,9 +9,12 @@ overrides the loading verbs, no global monkeypatching. What ComfyUI sees:
 - ``partially_unload`` frees nothing piecemeal (ComfyUI would move Ferry's groups behind its
   back); ComfyUI then unloads the model entirely, which releases Ferry's device memory.
 - LoRA and other weight patches are computed the way ComfyUI computes them (on the load device,
-  in float32, with its rounding) and only then laid out, so a LoRA after Ferry gives the same
-  output as without Ferry. A patch change lays the groups out again.
+  in the dtype that core computes them in, with its rounding) and only then laid out, so a LoRA
+  after Ferry gives the same output as without Ferry. A patch change lays the groups out again.
 - ``clone()`` keeps the class and the config, so every node after Ferry keeps the offload.
+- Under dynamic VRAM (ComfyUI >= 0.15 on NVIDIA) Ferry drives the model's non-dynamic delegate
+  (dynamic.py); vram_budget "auto" counts free what ComfyUI counts free, and Ferry's pinned
+  slabs count in ComfyUI's pinned-memory budget (comfy_core.py).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ..offload_core import ApiUseError, ConfigError, FerryError
 from ..offload_core.model.layout import module_nbytes
+from ..offload_core.runtime.memory import fmt_bytes
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
+from . import comfy_core
 from .binding import OffloadBinding
 from .config import FerryConfig, NodeInputError, as_node_error
-from .dynamic import plain_patcher
+from .dynamic import DYNAMIC_VRAM_HELP, plain_patcher, say_once
 from .pusher import ensure_pushing
 from .recovery import KEY as RECOVERY_KEY
 from .recovery import ModelReloadError, for_node, guard, has_meta, in_prompt, refuse_lost
@@ -42,10 +47,14 @@ class FerryPatcherMixin:
     """Put in front of the input MODEL's own patcher class (see ``ferry_patcher_class``)."""
 
     ferry_config: FerryConfig | None = None
+    _ferry_collected = False
 
     # -- helpers ---------------------------------------------------------------------------
     def _ferry_binding(self) -> OffloadBinding:
-        return OffloadBinding.of(self.model, self.model.diffusion_model)
+        b = OffloadBinding.of(self.model, self.model.diffusion_model)
+        b.free_vram = comfy_core.free_vram(self)
+        b.count_pinned = comfy_core.count_pinned
+        return b
 
     def _ferry_release(self) -> bool:
         if not hasattr(self.model, "diffusion_model"):
@@ -56,6 +65,9 @@ class FerryPatcherMixin:
             if in_prompt():
                 raise  # the node error says what happened and that the model reloads
             return True  # logged once, reload requested; ComfyUI's worker must not die
+
+    def _ferry_laid_out(self) -> bool:
+        return hasattr(self.model, "diffusion_model") and self._ferry_binding().live
 
     def _ferry_release_on_detach(self) -> bool:
         return hasattr(
@@ -205,6 +217,7 @@ class FerryPatcherMixin:
                 outside += module_nbytes(m)
             if changed:
                 log.info("ferry: laid out %s\n%s", cfg.name, binding.handle.plan.describe())
+                _say_if_ram_cache_drops_models()
             self._ferry_account(device, binding.device_bytes() + outside)
             for callback in self.get_all_callbacks(CallbacksMP.ON_LOAD):
                 callback(self, device_to, lowvram_model_memory, force_patch_weights, full_load)
@@ -214,7 +227,7 @@ class FerryPatcherMixin:
     def partially_unload(
         self, device_to: Any, memory_to_free: int = 0, *args: Any, **kwargs: Any
     ) -> int:
-        if self.ferry_config is None:
+        if self.ferry_config is None and not self._ferry_laid_out():
             return super().partially_unload(device_to, memory_to_free, *args, **kwargs)  # type: ignore[misc]
         # Freeing part of a layout would mean moving groups behind the engine's back. Reporting
         # nothing freed makes ComfyUI unload the whole model instead (detach -> release).
@@ -236,11 +249,21 @@ class FerryPatcherMixin:
 
     def detach(self, unpatch_all: bool = True) -> Any:
         # See binding.py: a full unload releases; a detach releases only when no Ferry reload
-        # with the same config follows and this patcher owns the layout (or nobody does).
+        # with the same config follows and this patcher owns the layout (or nobody does). A
+        # Ferry patcher being garbage-collected (its cached node output dropped because the
+        # node ran again) leaves that to its Ferry parent: see [Note: the anchor].
+        if not unpatch_all and self._ferry_collected and _is_ferry(self.parent):
+            return super().detach(unpatch_all)  # type: ignore[misc]
         release = unpatch_all or self._ferry_release_on_detach()
         if release and self._ferry_release():
             self.model.model_loaded_weight_memory = 0
         return super().detach(unpatch_all)  # type: ignore[misc]
+
+    def __del__(self) -> None:
+        self._ferry_collected = True
+        super_del = getattr(super(), "__del__", None)
+        if super_del is not None:
+            super_del()
 
 
 # comfy_api.torch_helpers' wrapper key (a string there too; not imported: older cores lack it).
@@ -263,14 +286,68 @@ def ferry_patcher_class(base: type) -> type:
     return _classes[base]
 
 
-def ferry_clone(model: Any, config: FerryConfig) -> Any:
-    """A clone of the MODEL ``model`` whose loads go through Ferry with ``config``."""
+def _say_if_ram_cache_drops_models() -> None:
+    short = comfy_core.ram_cache_shortfall()
+    if short is not None:
+        available, headroom = short
+        say_once("ram-cache", RAM_CACHE_HELP.format(fmt_bytes(available), fmt_bytes(headroom)))
+
+
+RAM_CACHE_HELP = (
+    "Ferry Offload Model: ComfyUI's RAM-pressure cache (its default) keeps {1} of RAM free and "
+    "{0} is available now, so after each node it drops cached models, this one included: the "
+    "next prompt loads the model and Ferry lays it out again. To keep it, use Ferry's disk tier "
+    "(the least RAM), or start ComfyUI with --cache-ram followed by a headroom in GB below "
+    "what is free (e.g. --cache-ram 1), or with --cache-classic."
+)
+
+
+# [Note: the anchor]
+# ComfyUI caches a node's output and drops it when the node runs again; a dropped patcher is
+# garbage-collected, and its __del__ detaches it. ComfyUI's LoadedModel then switches to the
+# patcher's ``parent`` (LoadedModel._switch_parent), and every later load of the same model
+# detaches that parent (load_models_gpu's is_clone loop). A Ferry node that runs again with the
+# same config (its panel settings saved anew, an input upstream changed and changed back) makes
+# its new patcher before the old one is collected: releasing the layout on that collection
+# would lay the model out again for nothing. So each Ferry patcher's parent is a config-less
+# Ferry patcher of the same model, the *anchor*, kept on the input MODEL (cached upstream, so
+# it outlives the Ferry outputs): a collected Ferry patcher leaves the layout to the anchor,
+# whose detach (the next load of anything else), unload or own collection releases it exactly
+# as the owner's would have, and which a Ferry patcher with the same config keeps. The anchor's
+# parent is the input's parent, so LoadedModel's chain ends where it ended without Ferry.
+ANCHOR = "ferry_anchor"
+
+
+def _is_ferry(p: Any) -> bool:
+    return isinstance(p, FerryPatcherMixin)
+
+
+def _anchor(model: Any, src: Any) -> Any:
+    a = model.__dict__.get(ANCHOR)
+    if a is None or a.model is not src.model:
+        a = src.clone()
+        a.__class__ = ferry_patcher_class(type(src))
+        a.ferry_config = None
+        # LoadedModel's chain goes on to where the input's own would (no reference cycle: the
+        # input holds the anchor, the anchor holds only the input's ancestors).
+        a.parent = getattr(model, "parent", None)
+        model.__dict__[ANCHOR] = a
+    return a
+
+
+def ferry_clone(model: Any, config: FerryConfig) -> Any | None:
+    """A clone of the MODEL ``model`` whose loads go through Ferry with ``config``; None where
+    the model must stay ComfyUI's (dynamic VRAM with no plain copy: said once, with the flag)."""
     if not hasattr(getattr(model, "model", None), "diffusion_model"):
         raise NodeInputError("model", "is not a diffusion model (it has no diffusion_model)")
-    src = plain_patcher(model)  # ComfyUI >= 0.15 with dynamic VRAM: see dynamic.py
+    src, why = plain_patcher(model)  # ComfyUI >= 0.15 with dynamic VRAM: see dynamic.py
+    if src is None:
+        say_once("dynamic-vram", DYNAMIC_VRAM_HELP.format(why=why or ""))
+        return None
     n = src.clone()
     n.__class__ = ferry_patcher_class(type(src))
     n.ferry_config = config
+    n.parent = _anchor(model, src)
     if guard not in n.get_wrappers(WrappersMP.APPLY_MODEL, RECOVERY_KEY):
         n.add_wrapper_with_key(WrappersMP.APPLY_MODEL, RECOVERY_KEY, guard)
     return n

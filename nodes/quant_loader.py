@@ -17,7 +17,6 @@ from typing import Any
 import comfy.model_detection
 import comfy.model_management as mm
 import comfy.model_patcher
-import comfy.sd
 import comfy.utils
 import folder_paths
 import torch
@@ -28,8 +27,9 @@ from ..offload_core.model.layout import module_nbytes
 from ..offload_core.quant import load_quantized, quantize_model, resolve_preset
 from ..offload_core.quant.group_stream import plan_quantized
 from ..offload_core.runtime.memory import fmt_bytes, system_available_ram
+from . import comfy_core
 from .config import NodeInputError
-from .stream_loader import lazy_diffusion_model
+from .stream_loader import core_quant_format, lazy_diffusion_model
 
 log = logging.getLogger("ferry")
 Progress = Callable[[int, int], None]
@@ -53,8 +53,7 @@ def check_preset(preset: str, device: torch.device) -> None:
         raise _node_error(e) from None
 
 
-def _meta_state_dict(path: str) -> dict[str, torch.Tensor]:
-    header = read_checkpoint_header(path)
+def _meta_state_dict(header: Any) -> dict[str, torch.Tensor]:
     return {
         k: torch.empty(e.shape, dtype=e.dtype, device="meta") for k, e in header.entries.items()
     }
@@ -64,8 +63,9 @@ def _streamed(
     path: str, preset: str, cache: bool, device: torch.device, progress: Progress
 ) -> Any | None:
     """The streaming path, or None where this file needs ComfyUI's own loader."""
-    sd = _meta_state_dict(path)
-    config = comfy.model_detection.model_config_from_unet(sd, "")
+    header = read_checkpoint_header(path)
+    sd = _meta_state_dict(header)
+    config = comfy.model_detection.model_config_from_unet(sd, "", metadata=header.metadata)
     if config is None:
         return None
     load_device = mm.get_torch_device()
@@ -75,11 +75,10 @@ def _streamed(
         supported_dtypes=list(config.supported_inference_dtypes),
         weight_dtype=comfy.utils.weight_dtype(sd),
     )
-    config.set_inference_dtype(
-        unet_dtype, mm.unet_manual_cast(unet_dtype, load_device, config.supported_inference_dtypes)
-    )
+    cast = mm.unet_manual_cast(unet_dtype, load_device, config.supported_inference_dtypes)
+    comfy_core.set_inference_dtype(config, unet_dtype, cast, load_device)
     try:
-        base = config.get_model(sd, "", device=torch.device("meta"))
+        base = comfy_core.build_on_meta(config, sd)
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
         # A network that computes tensors while it is built cannot be built on meta.
         log.info("ferry: cannot build %s on the meta device (%s); using ComfyUI's loader", path, e)
@@ -150,14 +149,24 @@ def load_quantized_diffusion_model(path: str, preset: str, cache: bool, progress
     offload = mm.unet_offload_device()
     check_preset(preset, mm.get_torch_device())
     if preset == "none":
-        return comfy.sd.load_diffusion_model(path)
+        return comfy_core.load_diffusion_model(path)
     lazy = lazy_quantized(path, preset, cache)
     if lazy is not None:
         return lazy
+    header = read_checkpoint_header(path)
+    quantized = core_quant_format(header.entries, header.metadata)
+    if quantized is not None:
+        raise NodeInputError(
+            "quant_preset",
+            f"{os.path.basename(path)} is already quantized (ComfyUI's {quantized} format); "
+            "load it with quant_preset none",
+        )
     try:
         patcher = _streamed(path, preset, cache, offload, progress)
         if patcher is None:
-            patcher = comfy.sd.load_diffusion_model(path)
+            # A plain patcher (not core's dynamic one, whose delegate would read the file
+            # again, unquantized), quantized in place.
+            patcher = comfy_core.load_diffusion_model(path)
             report = quantize_model(patcher.model.diffusion_model, preset, device=offload)
             log.info("ferry: %s", report.summary())
     except ConfigError as e:

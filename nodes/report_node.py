@@ -9,7 +9,6 @@ from comfy_api.latest import io, ui
 
 from ..offload_core import ConfigError, device_memory, live_offloads, process_memory
 from ..offload_core.tools.monitor import default_device
-from .binding import OffloadBinding
 from .report import report_text
 
 NODE_ID = "FerryMemoryReport"
@@ -54,13 +53,8 @@ class FerryMemoryReport(io.ComfyNode):
         plan_text = None
         cfg = getattr(model, "ferry_config", None)
         if cfg is not None:
-            base = model.model
             try:
-                plan_text = (
-                    OffloadBinding.of(base, base.diffusion_model)
-                    .plan(cfg, model.load_device)
-                    .describe()
-                )
+                plan_text = model._ferry_binding().plan(cfg, model.load_device).describe()
             except ConfigError as e:
                 plan_text = f"(no plan: {e})"
             # What ComfyUI's model manager believes (the suite checks it matches Ferry's).

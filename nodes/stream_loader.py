@@ -9,8 +9,10 @@ checkpoint is the source of truth (``base.ferry_checkpoint``):
   LoRA patches computed per tensor as ``ModelPatcher.patch_weight_to_device`` computes them;
 - any other load (no Ferry Offload Model after the loader) first reads the model whole
   (``materialize``), as UNETLoader would have.
-A file ComfyUI must convert (a diffusers layout) is not lazy: ``lazy_diffusion_model`` returns
-None and the caller loads it whole, saying so.
+A file ComfyUI must convert (a diffusers layout, or its own quantized formats: legacy
+``scaled_fp8`` and ``comfy_quant``, which ``comfy.utils.convert_old_quants`` and the file's
+``_quantization_metadata`` turn into mixed-precision layers) is not lazy:
+``lazy_diffusion_model`` returns None and the caller loads it whole, saying so.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ import torch
 from torch import nn
 
 from ..offload_core import ConfigError
+from ..offload_core.formats.safetensors import read_checkpoint_header
 from ..offload_core.quant.group_stream import QuantizedStream
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights, Converter
+from . import comfy_core
 from .config import NodeInputError
 
 log = logging.getLogger("ferry")
@@ -42,6 +46,14 @@ WEIGHT_DTYPES = {
     "fp8_e5m2": torch.float8_e5m2,
 }
 DM = "diffusion_model."
+# Keys of ComfyUI's own quantized formats (comfy.utils.convert_old_quants, detect_layer_quantization).
+_CORE_QUANT_KEYS = (
+    ".comfy_quant",
+    ".scale_weight",
+    ".weight_scale",
+    ".scale_input",
+    ".input_scale",
+)
 
 
 @dataclass(frozen=True)
@@ -75,21 +87,38 @@ def _meta_sd(path: str) -> dict[str, torch.Tensor]:
     return {k: torch.empty(e.shape, dtype=e.dtype, device="meta") for k, e in entries.items()}
 
 
-def _configured(sd: dict[str, torch.Tensor], dtype: torch.dtype | None) -> Any | None:
-    """The model config as load_diffusion_model_state_dict sets it (None: not detected as is)."""
-    config = comfy.model_detection.model_config_from_unet(sd, "")
+def _configured(
+    sd: dict[str, torch.Tensor], dtype: torch.dtype | None, metadata: dict[str, str]
+) -> Any | None:
+    """The model config as load_diffusion_model_state_dict sets it (None: not detected as is),
+    from the tensors and the file's metadata (some models keep their config there). Only
+    called for files in no quantized format of core's, so the weight dtype is the file's."""
+    config = comfy.model_detection.model_config_from_unet(sd, "", metadata=metadata)
     if config is None:
         return None
     load_device = mm.get_torch_device()
-    weight_dtype = None if config.scaled_fp8 is not None else comfy.utils.weight_dtype(sd)
     unet_dtype = dtype or mm.unet_dtype(
         model_params=comfy.utils.calculate_parameters(sd),
         supported_dtypes=list(config.supported_inference_dtypes),
-        weight_dtype=weight_dtype,
+        weight_dtype=comfy.utils.weight_dtype(sd),
     )
     cast = mm.unet_manual_cast(unet_dtype, load_device, config.supported_inference_dtypes)
-    config.set_inference_dtype(unet_dtype, cast)
+    comfy_core.set_inference_dtype(config, unet_dtype, cast, load_device)
     return config
+
+
+def core_quant_format(keys: Any, metadata: dict[str, str]) -> str | None:
+    """Which of ComfyUI's own quantized checkpoint formats the file is in (None: none)."""
+    if "_quantization_metadata" in metadata:
+        return "comfy_quant"
+    keys = list(keys)
+    if any(k.endswith("scaled_fp8") for k in keys):
+        return "fp8_scaled"
+    return "comfy_quant" if any(k.endswith(_CORE_QUANT_KEYS) for k in keys) else None
+
+
+def _not_lazy(path: str, why: str) -> None:
+    log.info("ferry: %s cannot stay in its file (%s); loading it whole", path, why)
 
 
 def lazy_diffusion_model(
@@ -100,26 +129,39 @@ def lazy_diffusion_model(
     ``quantize(dm)`` plans a torchao preset on the meta network (``plan_quantized``): its
     Linears are then quantized group by group as they are read."""
     sd = _meta_sd(path)
+    metadata = read_checkpoint_header(path).metadata
+    quant_format = core_quant_format(sd, metadata)
+    if quant_format is not None:
+        _not_lazy(path, f"ComfyUI's {quant_format} format, which its loader converts")
+        return None
     prefix = comfy.model_detection.unet_prefix_from_state_dict(sd)
     stripped = comfy.utils.state_dict_prefix_replace(sd, {prefix: ""}, filter_keys=True)
     if stripped:
         sd = stripped
     else:
         prefix = ""
-    config = _configured(sd, WEIGHT_DTYPES[weight_dtype])
+    config = _configured(sd, WEIGHT_DTYPES[weight_dtype], metadata)
     if config is None or set(config.process_unet_state_dict(dict(sd))) != set(sd):
         return None  # a diffusers layout or renamed keys: ComfyUI converts them in RAM
     try:
-        base = config.get_model(sd, "", device=torch.device("meta"))
+        base = comfy_core.build_on_meta(config, sd)
         CheckpointWeights.open(path, base.diffusion_model, prefix=prefix, setting=WIDGET)
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
-        log.info("ferry: %s cannot stay in its file (%s); loading it whole", path, e)
+        _not_lazy(path, str(e))
+        return None
+    extra = set(sd) - _held(base.diffusion_model)
+    if extra:  # tensors no parameter of this network holds: core's loader knows better
+        _not_lazy(path, f"{len(extra)} tensors the network does not hold, e.g. {min(extra)}")
         return None
     quant = None if quantize is None else quantize(base.diffusion_model)
     base.ferry_checkpoint = LazyCheckpoint(path, prefix, quant)
     return comfy.model_patcher.ModelPatcher(
         base, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device()
     )
+
+
+def _held(dm: nn.Module) -> set[str]:
+    return {n for n, _ in dm.named_parameters()} | {n for n, _ in dm.named_buffers()}
 
 
 def is_lazy(base: Any) -> bool:
@@ -152,12 +194,16 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
             materialize(base, patcher.offload_device)
             return None
 
+    temp_dtype = comfy_core.lora_compute_dtype(device_to)
+
     def convert(name: str, weight: torch.Tensor) -> torch.Tensor:
-        # ModelPatcher.patch_weight_to_device, without the backup copy (the file is the backup).
+        # ModelPatcher.patch_weight_to_device, without the backup copy (the file is the backup):
+        # in the dtype that core computes a LoRA in (lora_compute_dtype: float16 on most NVIDIA
+        # cards since v0.4), rounded back with core's per-key seed.
         key = DM + name
-        temp = mm.cast_to_device(weight, device_to, torch.float32, copy=True)
+        temp = mm.cast_to_device(weight, device_to, temp_dtype, copy=True)
         out = comfy.lora.calculate_weight(patches[key], temp, key)
-        seed = comfy.model_patcher.string_to_seed(key)
+        seed = comfy_core.string_to_seed(key)
         out = comfy.float.stochastic_rounding(out, weight.dtype, seed=seed)
         return out.to("cpu")
 

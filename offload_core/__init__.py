@@ -21,6 +21,8 @@ from .errors import (
     FerryError,
     GroupingError,
     InferenceOnlyError,
+    RestoreIncompleteError,
+    WeightsLostError,
 )
 from .loader import load_offloaded
 from .model.plan import OffloadPlan, plan_offload
@@ -66,6 +68,8 @@ __all__ = [
     "PinnedRamTier",
     "ProcessMemory",
     "RamTier",
+    "RestoreIncompleteError",
+    "WeightsLostError",
     "apply_offload",
     "device_memory",
     "find_offload",

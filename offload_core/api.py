@@ -91,18 +91,22 @@ class OffloadHandle:
             if self.removed:
                 return
             # Never half-way: whatever fails, the model no longer has this offload (a node
-            # can then lay it out again, or load the model again).
+            # can then lay it out again, or load the model again) -- unless some groups could
+            # not be read back for a reason other than damage (restore_all keeps them, their
+            # files too): then the offload stays, and remove() again finishes it.
             try:
                 if self._engine is not None:
-                    self._engine.uninstall()
+                    engine, self._engine = self._engine, None
+                    engine.uninstall()
             finally:
                 try:
                     self._placement.restore_all()
                 finally:
                     release_freed_memory()
-                    self.removed = True
-                    self.model.__dict__.pop("_ferry_offload", None)
-                    registry.unregister(self)
+                    if not self._placement.runtimes:
+                        self.removed = True
+                        self.model.__dict__.pop("_ferry_offload", None)
+                        registry.unregister(self)
 
     def __repr__(self) -> str:
         state = "removed" if self.removed else "live"

@@ -62,3 +62,20 @@ class WeightsLostError(CorruptGroupFileError):
         )
         self.groups = groups
         self.files = files
+
+
+class RestoreIncompleteError(FerryError):
+    """remove() could not read some groups back for a reason that is not their file's bytes
+    (the platform refused a call, no memory, a bug in Ferry): nothing was dropped. Those
+    groups stay offloaded, their files and the model's layout as they were; remove() again
+    (once the cause is fixed) restores them. ``groups`` names them, ``cause`` is the error."""
+
+    def __init__(self, groups: list[str], cause: BaseException) -> None:
+        self.groups = groups
+        self.cause = cause
+        super().__init__(
+            f"could not read {len(groups)} group(s) back ({', '.join(groups[:3])}"
+            f"{', ...' if len(groups) > 3 else ''}): {type(cause).__name__}: {cause}. Nothing "
+            "was lost: those groups are still offloaded, their files kept; remove the offload "
+            "again once that is fixed"
+        )

@@ -259,24 +259,26 @@ def parse_vram_budget(value: Any) -> int | Literal["auto"] | None:
 ASK_FOR_FOLDER = "type a folder on a fast disk (an SSD/NVMe), e.g. /mnt/nvme/ferry"
 
 
-def parse_disk_path(value: Any, default: str | None = None) -> str:
+def parse_disk_path(value: Any, default: str | None = None, flavour: Any = os.path) -> str:
     """The disk tier's folder as a user, widget or file gives it: a full path (``~`` counts),
     returned as typed without the spaces around it. Empty is ``default``, where a host has
     one (the ComfyUI node: ComfyUI's temp folder), else refused; a relative path is refused
     everywhere (it would depend on the directory a host was started from). Whether the
-    folder is usable is the read-only check's (sources/disk_folder.py) and the disk tier's."""
+    folder is usable is the read-only check's (sources/disk_folder.py) and the disk tier's.
+    ``flavour`` is the platform's ``os.path`` (tests give ``ntpath``: on Windows a full path
+    starts with a drive, ``C:\\models``, or is a share, ``\\\\nas\\share``)."""
     raw = value.strip() if isinstance(value, str) else ""
     if value is not None and not isinstance(value, str):
         raise ConfigError("disk_path", f"must be a folder's path, got {value!r}")
     if not raw:
         if default:
-            return parse_disk_path(default)
+            return parse_disk_path(default, flavour=flavour)
         raise ConfigError("disk_path", ASK_FOR_FOLDER)
     if "\x00" in raw:
         # Path.exists() answers False for a NUL byte instead of failing: refuse it here.
         raise ConfigError("disk_path", "not a usable path (it contains a NUL character)")
     try:
-        full = os.path.isabs(os.path.expanduser(raw))
+        full = flavour.isabs(flavour.expanduser(raw))
     except ValueError as e:  # a path the OS cannot represent
         raise ConfigError("disk_path", f"not a usable path ({e})") from None
     if not full:

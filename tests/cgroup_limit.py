@@ -40,8 +40,8 @@ class MemoryGroup:
     """A fresh memory cgroup of ``limit_bytes``; ``enter`` is a ``preexec_fn`` that puts the
     child in it before exec, so everything the child does is counted."""
 
-    def __init__(self, limit_bytes: int) -> None:
-        self.path = ROOT / f"ferry-test-{uuid.uuid4().hex[:10]}"
+    def __init__(self, limit_bytes: int, name: str = "ferry-test") -> None:
+        self.path = ROOT / f"{name}-{uuid.uuid4().hex[:10]}"
         self.path.mkdir()
         (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
         self.limit = limit_bytes

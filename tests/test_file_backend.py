@@ -1,11 +1,13 @@
 """The one reader makes every file call through disk/files.py's ``FileBackend``: a platform's
-backend is one class (disk/posix.py; a Windows one beside it), chosen in ``files()``. This
-test's backend is a second one: POSIX reads without O_DIRECT (as a filesystem that refuses it
-gives), counting what it is asked. Offloads read through it give the resident output, and
+backend is one class (disk/posix.py, disk/portable.py), chosen in ``files()``. This test's
+backend wraps one of them without O_DIRECT (as a filesystem that refuses it gives), counting
+what it is asked. Offloads read through it give the resident output, and
 no read goes around it."""
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -21,24 +23,27 @@ from offload_core import (
     apply_offload,
     load_offloaded,
 )
-from offload_core.disk.files import files, using
+from offload_core.disk.files import FileBackend, files, platform_backend, using
+from offload_core.disk.portable import PortableFiles
 from offload_core.disk.posix import PosixFiles
 from offload_core.tools.demo_model import DemoDiT
 from tests.helpers import make_model, reference
 
 
 class BufferedOnly:
-    """POSIX positioned reads, no unbuffered descriptor ever."""
+    """A platform's positioned reads, no unbuffered descriptor ever, each call counted."""
 
     has_direct = False
 
-    def __init__(self) -> None:
-        self.posix = PosixFiles()
+    def __init__(self, inner: FileBackend | None = None) -> None:
+        self.inner = inner or PosixFiles()
+        self.name = f"counting {self.inner.name}"
+        self.maps_groups, self.huge_pages = self.inner.maps_groups, self.inner.huge_pages
         self.calls: Counter[str] = Counter()
 
     def open(self, path: Path) -> int:
         self.calls["open"] += 1
-        return self.posix.open(path)
+        return self.inner.open(path)
 
     def open_direct(self, path: Path) -> int | None:
         self.calls["open_direct"] += 1
@@ -46,13 +51,33 @@ class BufferedOnly:
 
     def pread(self, fd: int, into: memoryview, offset: int) -> int:
         self.calls["pread"] += 1
-        return self.posix.pread(fd, into, offset)
+        return self.inner.pread(fd, into, offset)
 
     def pread_direct(self, fd: int, into: memoryview, offset: int) -> int | None:
         raise AssertionError("no unbuffered descriptor was given out, none may be read")
 
     def reserve_descriptors(self, count: int) -> None:
         self.calls["reserve_descriptors"] += 1
+
+    def advise_huge(self, mapping: mmap.mmap, start: int, length: int) -> None:
+        self.inner.advise_huge(mapping, start, length)
+
+    def populate(self, mapping: mmap.mmap, length: int) -> None:
+        self.inner.populate(mapping, length)
+
+    def drop_pages(self, mapping: mmap.mmap, length: int) -> None:
+        self.inner.drop_pages(mapping, length)
+
+
+#: The backends a test reads through: POSIX's calls (where this Python has them) and the
+#: portable one (Windows' way: no os.preadv), each counted.
+INNER = ["posix", "portable"]
+
+
+def _inner(kind: str) -> FileBackend:
+    if kind == "posix" and not hasattr(os, "preadv"):
+        pytest.skip("this Python has no os.preadv (a platform stand-in)")
+    return PosixFiles() if kind == "posix" else PortableFiles()
 
 
 def _checkpoint(model: torch.nn.Module, path: Path) -> Path:
@@ -62,12 +87,13 @@ def _checkpoint(model: torch.nn.Module, path: Path) -> Path:
 
 @pytest.mark.parametrize("level", [BlockLevel(1), LeafLevel()], ids=["block", "leaf"])
 @pytest.mark.parametrize("read", ["group_file", "checkpoint"])
-def test_an_offload_reads_through_another_backend_and_equals_resident(tmp_path, level, read):  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("inner", INNER)
+def test_an_offload_reads_through_another_backend_and_equals_resident(tmp_path, level, read, inner):  # type: ignore[no-untyped-def]
     x, ref = reference("bf16")
     model = make_model("bf16")
     ckpt = _checkpoint(model, tmp_path / "m.safetensors") if read == "checkpoint" else None
     tier = DiskTier(str(tmp_path / "ferry"), source_checkpoint=ckpt and str(ckpt), cpu_read="copy")
-    with using(BufferedOnly()) as backend:
+    with using(BufferedOnly(_inner(inner))) as backend:
         handle = apply_offload(model, OffloadPolicy(level=level, tier=tier), onload_device="cpu")
         assert handle._engine is not None
         plans = [g.source.plan for g in handle._engine.groups]  # type: ignore[attr-defined]
@@ -80,10 +106,11 @@ def test_an_offload_reads_through_another_backend_and_equals_resident(tmp_path, 
     assert backend.calls["open"] >= len(plans) and backend.calls["open_direct"] >= len(plans)
     assert backend.calls["pread"] >= 3 * len(plans), backend.calls
     assert backend.calls["reserve_descriptors"] == 1
-    assert isinstance(files(), PosixFiles), "the platform's backend is back after the block"
+    assert type(files()) is type(platform_backend()), "the platform's backend is back after it"
 
 
-def test_a_model_loaded_from_its_checkpoint_reads_through_another_backend(tmp_path):  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("inner", INNER)
+def test_a_model_loaded_from_its_checkpoint_reads_through_another_backend(tmp_path, inner):  # type: ignore[no-untyped-def]
     x, ref = reference("bf16")
     model = make_model("bf16")
     ckpt = _checkpoint(model, tmp_path / "m.safetensors")
@@ -93,7 +120,7 @@ def test_a_model_loaded_from_its_checkpoint_reads_through_another_backend(tmp_pa
         return DemoDiT(dim, max(dim // 64, 1), nd, ns).to(torch.bfloat16).eval()
 
     policy = OffloadPolicy(tier=DiskTier(str(tmp_path / "ferry"), cpu_read="copy"))
-    with using(BufferedOnly()) as backend:
+    with using(BufferedOnly(_inner(inner))) as backend:
         handle = load_offloaded(ckpt, build, policy)
         with torch.no_grad():
             outs = [handle.model(**x) for _ in range(2)]

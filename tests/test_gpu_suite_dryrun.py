@@ -30,7 +30,11 @@ def _row(out: str, name: str) -> list[str]:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is what runs without a GPU")
 def test_gpu_suite_dry_run_without_comfyui(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("FERRY_COMFYUI", "OUT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("FERRY_COMFYUI", "FERRY_COMFYUI_DYNAMIC", "OUT")
+    }
     env.update(FERRY_PY=sys.executable, FERRY_H2H_DIR=str(tmp_path / "h2h"))
     p = subprocess.run(
         ["bash", "tools/gpu_suite.sh"],
@@ -51,6 +55,8 @@ def test_gpu_suite_dry_run_without_comfyui(tmp_path: Path) -> None:
         assert float(cells[2]) > 0, cells  # s/step measured
     for name in ("comfy-lowvram", "comfy-lowvram-async"):
         assert f"skipped {name}: FERRY_COMFYUI unset (no ComfyUI)" in out
+    for name in ("dyn-resident", "dyn-default", "dyn-ferry-pinned", "dyn-fast-disk"):
+        assert f"skipped {name}: FERRY_COMFYUI_DYNAMIC unset (no ComfyUI with dynamic VRAM)" in out
     if importlib.util.find_spec("diffusers") is None:
         assert "skipped diffusers-block: diffusers not installed" in out
         assert "skipped diffusers-disk: diffusers not installed" in out

@@ -23,6 +23,7 @@ COMFY_MODULES = (
     "patcher",
     "routes",
     "quant_loader",
+    "comfy_core",
 )
 
 

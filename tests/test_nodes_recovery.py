@@ -20,6 +20,7 @@ load_pack()
 binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.binding")
 recovery = importlib.import_module(f"{PACK_NAME}.nodes.recovery")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
+pack_files = importlib.import_module(f"{PACK_NAME}.offload_core.disk.files")  # the pack's own
 OffloadBinding = binding_mod.OffloadBinding
 
 
@@ -146,17 +147,22 @@ def test_a_failed_read_is_a_clear_error_and_the_next_prompt_reads_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     owner, b, ref, _ = _laid_out(tmp_path)
-    real, failed = os.preadv, []
+    failed: list[int] = []
 
-    def eio(fd, bufs, offset):  # type: ignore[no-untyped-def]
-        if not failed:
-            failed.append(fd)
-            raise OSError(errno.EIO, "Input/output error")
-        return real(fd, bufs, offset)
+    def eio_once(real):  # type: ignore[no-untyped-def]
+        def read(fd, into, offset):  # type: ignore[no-untyped-def]
+            if not failed:
+                failed.append(fd)
+                raise OSError(errno.EIO, "Input/output error")
+            return real(fd, into, offset)
 
-    b.release()  # the copy path reads with preadv (the mapped one faults pages in)
+        return read
+
+    b.release()  # the copy path reads with the platform's reads (the mapped one faults pages in)
     b.ensure(cfg("disk", disk_path=str(tmp_path), cpu_read="copy"), "cpu", None, lambda: None)
-    monkeypatch.setattr(os, "preadv", eio)
+    backend = pack_files.files()
+    monkeypatch.setattr(backend, "pread", eio_once(backend.pread))
+    monkeypatch.setattr(backend, "pread_direct", eio_once(backend.pread_direct))
     with pytest.raises(recovery.ModelReloadError) as e:
         recovery.guard(Executor(owner), X)
     assert "Input/output error" in str(e.value) and str(tmp_path) in str(e.value)

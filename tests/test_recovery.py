@@ -27,6 +27,7 @@ from offload_core import (
     find_offload,
     registry,
 )
+from offload_core.disk.files import files
 from offload_core.errors import WeightsLostError
 from offload_core.loader import load_offloaded
 from offload_core.sources import disk_folder
@@ -153,16 +154,20 @@ def test_no_source_says_so_and_remove_lets_go_completely(tmp_path, cpu_read):  #
 
 def test_eio_on_a_reader_thread_then_the_next_forward_is_equal(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     model, handle, _, x, ref = _plain_on_disk(tmp_path, "copy")
-    real = os.preadv
+    backend = files()  # the platform's reads (os.preadv here, seek + readinto on Windows)
     failed: list[int] = []
 
-    def eio(fd, bufs, offset):  # type: ignore[no-untyped-def]
-        if not failed:
-            failed.append(fd)
-            raise OSError(errno.EIO, "Input/output error")
-        return real(fd, bufs, offset)
+    def eio_once(real):  # type: ignore[no-untyped-def]
+        def read(fd, into, offset):  # type: ignore[no-untyped-def]
+            if not failed:
+                failed.append(fd)
+                raise OSError(errno.EIO, "Input/output error")
+            return real(fd, into, offset)
 
-    monkeypatch.setattr(os, "preadv", eio)
+        return read
+
+    monkeypatch.setattr(backend, "pread", eio_once(backend.pread))
+    monkeypatch.setattr(backend, "pread_direct", eio_once(backend.pread_direct))
     with torch.no_grad(), pytest.raises(OSError, match="Input/output"):
         model(**x)
     assert failed

@@ -6,7 +6,12 @@
 #   bash tools/gpu_suite.sh h2h [ARGS]   the head-to-head only (ARGS go to python -m bench.h2h):
 #       Ferry vs ComfyUI core vs diffusers, KSampler on one model, VRAM capped at 12 and 24 GB.
 #       Real ComfyUI when FERRY_COMFYUI names a source tree (tools/carry_prepare.sh makes
-#       .comfyui/); it resumes: run it again in the next 10-minute call until nothing is left.
+#       .comfyui/); FERRY_COMFYUI_DYNAMIC names a current one (.comfyui-dynamic/, v0.33) for the
+#       dyn-* rows, which run first: v0.33 with its defaults (dynamic VRAM, pinned memory, async
+#       offload), with --fast-disk, and Ferry on it. It resumes: run it again in the next
+#       10-minute call until nothing is left (the calls and what each carries: carry_prepare.sh).
+#   bash tools/gpu_suite.sh install      only installs the carried wheels (.whl/, .whl-dynamic/)
+#       into /tmp/ferry-site, which later calls on the same warm machine use.
 # Everything it prints is also written under bench/results/ (and copied to $OUT when set).
 #
 # Python: $FERRY_PY, else .venv-bench/bin/python (made by `bash bench/run.sh --setup-only`),
@@ -21,7 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-all}
 [ $# -gt 0 ] && shift
-case "$part" in all|tests|bench|h2h) ;; *) echo "usage: bash tools/gpu_suite.sh [all|tests|bench|h2h] [args]" >&2; exit 2 ;; esac
+case "$part" in all|tests|bench|h2h|install) ;; *) echo "usage: bash tools/gpu_suite.sh [all|tests|bench|h2h|install] [args]" >&2; exit 2 ;; esac
 
 if [ -n "${FERRY_PY:-}" ]; then py=$FERRY_PY
 elif [ -x .venv-bench/bin/python ]; then py=.venv-bench/bin/python
@@ -29,16 +34,25 @@ else py=python3
 fi
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 gpu=$("$py" -c 'import torch; print(torch.cuda.get_device_name().replace(" ", "-") if torch.cuda.is_available() else "")' 2>/dev/null)
-# The carried wheels are built for the lent machine's Python 3.12: install them only there.
-if [ -n "$gpu" ] && ls .whl/*.whl >/dev/null 2>&1; then
-  echo "gpu-suite: installing carried wheels from .whl/ into /tmp/ferry-site (offline)"
-  "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/ferry-site .whl/*.whl \
-    && export PYTHONPATH="$PYTHONPATH:/tmp/ferry-site"
+# The carried wheels are built for the lent machine's Python 3.12: install them only there, into
+# /tmp/ferry-site, which outlives the call while the machine stays warm (the dynamic core's two
+# wheels fill one call alone: they come in a call of their own, `install`).
+wheels=$(ls .whl/*.whl .whl-dynamic/*.whl 2>/dev/null)
+if [ -n "$gpu" ] && [ -n "$wheels" ]; then
+  echo "gpu-suite: installing carried wheels into /tmp/ferry-site (offline)"
+  # shellcheck disable=SC2086  # one word per wheel path
+  "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/ferry-site \
+    $wheels || status=1
+fi
+[ -d /tmp/ferry-site ] && export PYTHONPATH="$PYTHONPATH:/tmp/ferry-site"
+if [ "$part" = install ]; then
+  [ -n "$gpu" ] || echo "gpu-suite: no GPU: the carried wheels are for the lent GPU's Python 3.12; nothing installed"
+  exit "${status:-0}"
 fi
 
 results=bench/results
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
-status=0
+status=${status:-0}
 
 run() {  # run NAME CMD...: tee the output to bench/results/<stamp>-NAME.txt
   local name=$1; shift
@@ -84,7 +98,8 @@ if [ "$part" = all ] || [ "$part" = bench ]; then
 fi
 if [ "$part" = all ] || [ "$part" = h2h ]; then
   # Flux-dev-shaped (~12 B params, ~24 GB bf16, made on this GPU), 1024x1024, KSampler. One
-  # 10-minute call will not finish every row: each call resumes the rows left (--budget-s).
+  # 10-minute call will not finish every row: each call resumes the rows left (--budget-s),
+  # the current core's (dyn-*) first, at the tightest cap first.
   report="$results/h2h-$gpu.md"
   run h2h "$py" -m bench.h2h --out "$report" "$@" || status=1
   [ -n "${OUT:-}" ] && cp "$report" "$OUT/" 2>/dev/null

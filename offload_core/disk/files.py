@@ -1,13 +1,20 @@
-"""The platform's file calls, behind one small interface: the only place Ferry opens a file
-for reading with O_DIRECT, issues a positioned read, or raises the open-file limit.
+"""The platform's file and mapping calls, behind one small interface: the only place Ferry
+opens a file for unbuffered reading, issues a positioned read, advises the kernel about a
+mapping (huge pages, faulting pages in, dropping them) or raises the open-file limit.
 
-A backend is one file (posix.py); ``files()`` picks the one for this platform. The reader
-(reader.py), the read plans (plan.py) and the checkpoint index (sources/checkpoint.py) call
-nothing else to read a file.
+A backend is one file: posix.py (``os.preadv``, O_DIRECT, ``madvise`` and ``resource``
+where the OS has them: Linux, the BSDs, macOS) and portable.py (positioned reads without
+``os.preadv``: Windows, and any Python built without it). ``files()`` picks the one for
+this platform once; the disk tier names it in its plan's notes. The reader (reader.py), the
+read plans (plan.py), the host buffers (host_memory.py), the mapped groups (sources/
+mapped.py) and the checkpoint index (sources/checkpoint.py) call nothing else;
+tests/test_platform_calls.py checks that no other module calls a platform-specific function.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,23 +22,31 @@ from typing import Protocol
 
 
 class FileBackend(Protocol):
-    """Positioned reads on descriptors, buffered and unbuffered (direct)."""
+    """Positioned reads on descriptors (buffered and unbuffered) and advice on mappings."""
 
+    #: What the disk tier's notes call it ("os.preadv, O_DIRECT where the filesystem allows").
+    name: str
     #: Whether ``open_direct`` can ever give a descriptor here.
     has_direct: bool
+    #: Whether a group file's mapping can drop its pages at once and fault them in on a
+    #: reader thread (sources/mapped.py: the CPU's mapped path needs both).
+    maps_groups: bool
+    #: Whether a large host buffer can be asked for on transparent huge pages.
+    huge_pages: bool
 
     def open(self, path: Path) -> int:
-        """A read-only descriptor; ConfigError("level") where the process is out of them."""
+        """A read-only binary descriptor; ConfigError("level") where the process is out of
+        them."""
         ...
 
     def open_direct(self, path: Path) -> int | None:
-        """A read-only descriptor that bypasses the page cache (O_DIRECT); None where the
-        filesystem refuses it (tmpfs, some network filesystems)."""
+        """A read-only descriptor that bypasses the page cache; None where the platform or
+        the filesystem refuses it (tmpfs, some network filesystems)."""
         ...
 
     def pread(self, fd: int, into: memoryview, offset: int) -> int:
-        """Up to ``len(into)`` bytes at ``offset`` (0: the file's end). No shared file
-        position, so threads share ``fd``; releases the GIL while it reads."""
+        """Up to ``len(into)`` bytes at ``offset`` (0: the file's end). Threads may share
+        ``fd``; the read releases the GIL."""
         ...
 
     def pread_direct(self, fd: int, into: memoryview, offset: int) -> int | None:
@@ -43,23 +58,49 @@ class FileBackend(Protocol):
         """Makes room for ``count`` more open files, or a clear ConfigError("level")."""
         ...
 
+    def advise_huge(self, mapping: mmap.mmap, start: int, length: int) -> None:
+        """Asks for huge pages under ``mapping[start:start + length]`` and takes them at
+        once where the kernel can; silently nothing where it cannot."""
+        ...
+
+    def populate(self, mapping: mmap.mmap, length: int) -> None:
+        """Faults ``mapping``'s first ``length`` bytes in (a read from the disk, on the
+        calling thread). OSError EFAULT where a page cannot be read (the file ends first,
+        an I/O error). Only where ``maps_groups``."""
+        ...
+
+    def drop_pages(self, mapping: mmap.mmap, length: int) -> None:
+        """Drops the process's pages of ``mapping``'s first ``length`` bytes (a later touch
+        reads them again from the file). Only where ``maps_groups``."""
+        ...
+
 
 _chosen: list[FileBackend] = []
+
+
+def platform_backend() -> FileBackend:
+    """The backend this Python can run: ``os.preadv`` decides (Windows' Python has neither
+    it nor ``os.pread``; a macOS build may lack it)."""
+    if hasattr(os, "preadv"):
+        from .posix import PosixFiles
+
+        return PosixFiles()
+    from .portable import PortableFiles
+
+    return PortableFiles()
 
 
 def files() -> FileBackend:
     """This platform's backend (or the one ``using`` put in place)."""
     if not _chosen:
-        from .posix import PosixFiles
-
-        _chosen.append(PosixFiles())
+        _chosen.append(platform_backend())
     return _chosen[-1]
 
 
 @contextmanager
 def using(backend: FileBackend) -> Iterator[FileBackend]:
-    """Every file call inside the block goes to ``backend`` (tests; a platform's backend
-    is chosen in ``files`` instead)."""
+    """Every file call inside the block goes to ``backend`` (tests and benchmarks; a
+    platform's backend is chosen in ``files`` instead)."""
     files()
     _chosen.append(backend)
     try:

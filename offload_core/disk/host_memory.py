@@ -26,18 +26,14 @@ one-off probe: 0.99 GB/s against 1.19 for pages first touched by the read).
 
 from __future__ import annotations
 
-import functools
 import mmap
-import sys
-from pathlib import Path
 
 import torch
 
 from ..units import PAGE
+from .files import files
 
 HUGE_PAGE = 2 << 20
-#: From <linux/mman.h>; Python exposes it only when built against headers that have it.
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 def host_buffer(nbytes: int) -> torch.Tensor:
@@ -48,17 +44,10 @@ def host_buffer(nbytes: int) -> torch.Tensor:
     return _page_aligned(nbytes)
 
 
-@functools.cache
 def huge_pages_advisable() -> bool:
-    """Whether ``MADV_HUGEPAGE`` gets huge pages here: Linux with transparent huge pages set
-    to ``always`` or ``madvise``."""
-    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return False
-    try:
-        setting = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    except OSError:
-        return False
-    return "[never]" not in setting
+    """Whether a large buffer can be asked for on huge pages here (the platform's backend
+    knows: Linux with transparent huge pages set to ``always`` or ``madvise``)."""
+    return files().huge_pages
 
 
 def _page_aligned(nbytes: int) -> torch.Tensor:
@@ -71,15 +60,9 @@ def _huge_page_buffer(nbytes: int) -> torch.Tensor:
     # One huge page of slack, so the buffer can start on a huge-page boundary on kernels
     # that do not align large anonymous mappings themselves (before 6.7); never touched.
     length = nbytes + HUGE_PAGE
+    # Private: transparent huge pages back private anonymous memory (shared takes shmem's).
     mapping = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE)
     whole = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps ``mapping`` alive
     skip = (-whole.data_ptr()) % HUGE_PAGE
-    span = nbytes + (-nbytes) % PAGE
-    for advice in (mmap.MADV_HUGEPAGE, MADV_POPULATE_WRITE):
-        try:
-            mapping.madvise(advice, skip, span)
-        except OSError:
-            # Refused (a kernel before 5.14 has no populate): the pages are taken as the
-            # first read touches them, huge where the advice held.
-            pass
+    files().advise_huge(mapping, skip, nbytes + (-nbytes) % PAGE)
     return whole[skip : skip + nbytes]

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import os
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from ..errors import ConfigError, CorruptGroupFileError
 from ..units import GIB, PAGE
-from .files import files
+from .files import FileBackend, files
 
 #: Checksums are kept per chunk of this many bytes (and checked reads issued per chunk).
 CHUNK = 16 << 20
@@ -106,6 +106,9 @@ class ReadPlan:
     #: A second descriptor opened with O_DIRECT (-1: none). Page-aligned chunks are read
     #: through it straight into the (page-aligned) buffer: no page-cache copy, less CPU.
     direct_fd: int = -1
+    #: The platform's file calls this plan's descriptors were opened with (disk/files.py),
+    #: chosen once when the plan is made: every read of it goes through the same backend.
+    files: FileBackend = field(default_factory=files, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -186,11 +189,12 @@ def window_for(plan: ReadPlan) -> Window | None:
 def open_plan(path: Path, chunks: list[Chunk], owned: bool, direct: bool = False) -> ReadPlan:
     """The plan of reading ``chunks`` from ``path`` (``direct``: with an O_DIRECT descriptor
     beside, where the filesystem allows one)."""
-    fd = files().open(path)
-    plan = ReadPlan(path, fd, FileIdentity.of(os.fstat(fd)), chunks, owned)
+    backend = files()
+    fd = backend.open(path)
+    plan = ReadPlan(path, fd, FileIdentity.of(os.fstat(fd)), chunks, owned, files=backend)
     if direct:
         try:
-            direct_fd = files().open_direct(path)
+            direct_fd = backend.open_direct(path)
         except ConfigError:
             plan.close()
             raise

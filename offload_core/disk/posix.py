@@ -1,11 +1,15 @@
 """The file backend for POSIX systems (Linux, the BSDs, macOS): ``os.preadv``, O_DIRECT where
-the OS has it, and the open-file limit through ``resource``."""
+the OS has it, ``madvise`` where it has Linux's semantics, and the open-file limit through
+``resource``. Anything a platform lacks here degrades (buffered reads, no mapped groups, no
+huge pages, no limit raised), never raises."""
 
 from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
+import sys
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -18,17 +22,33 @@ OUT_OF_DESCRIPTORS = (
 )
 
 
+#: From <linux/mman.h>; Python exposes them only when built against headers that have them.
+#: POPULATE_READ faults a range in now (reading it from the disk) without touching it from
+#: user space, POPULATE_WRITE takes its pages now (Linux 5.14+; older kernels answer EINVAL).
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+
+
 class PosixFiles:
-    has_direct = hasattr(os, "O_DIRECT")
+    def __init__(self) -> None:
+        self.has_direct = hasattr(os, "O_DIRECT")
+        linux = sys.platform.startswith("linux")
+        # Mapped groups need DONTNEED to drop the pages at once (Linux's semantics; macOS's
+        # is only a hint) and madvise at all (some builds lack it).
+        self.maps_groups = linux and hasattr(mmap, "MADV_DONTNEED") and _has_madvise()
+        self.huge_pages = linux and hasattr(mmap, "MADV_HUGEPAGE") and _thp_allowed()
+        self.name = "os.preadv" + (
+            ", O_DIRECT where the filesystem allows" if self.has_direct else ", buffered"
+        )
 
     def open(self, path: Path) -> int:
-        return _open(path, os.O_RDONLY)
+        return open_descriptor(path, os.O_RDONLY)
 
     def open_direct(self, path: Path) -> int | None:
         if not self.has_direct:
             return None
         try:
-            return _open(path, os.O_RDONLY | os.O_DIRECT)
+            return open_descriptor(path, os.O_RDONLY | os.O_DIRECT)
         except ConfigError:
             raise
         except OSError:
@@ -54,10 +74,9 @@ class PosixFiles:
             import resource
         except ImportError:  # no such limit to raise
             return
-        try:
-            in_use = len(os.listdir("/proc/self/fd"))
-        except OSError:
-            return  # not Linux: no cheap count; the open itself says it if it fails
+        in_use = _open_descriptors()
+        if in_use is None:
+            return  # no cheap count here: the open itself says it if it fails
         want = in_use + count + 64  # headroom: a group file being written, the user's own
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY or want <= soft:
@@ -67,8 +86,59 @@ class PosixFiles:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
         log.info("ferry: raised the open-file limit from %d to %d for the disk tier", soft, want)
 
+    def advise_huge(self, mapping: mmap.mmap, start: int, length: int) -> None:
+        if not self.huge_pages:
+            return
+        for advice in (mmap.MADV_HUGEPAGE, MADV_POPULATE_WRITE):
+            try:
+                mapping.madvise(advice, start, length)
+            except OSError:
+                # Refused (a kernel before 5.14 has no populate): the pages are taken as the
+                # first read touches them, huge where the advice held.
+                pass
 
-def _open(path: Path, flags: int) -> int:
+    def populate(self, mapping: mmap.mmap, length: int) -> None:
+        try:
+            mapping.madvise(MADV_POPULATE_READ, 0, length)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            mapping.madvise(mmap.MADV_WILLNEED, 0, length)  # a kernel before 5.14: async
+
+    def drop_pages(self, mapping: mmap.mmap, length: int) -> None:
+        mapping.madvise(mmap.MADV_DONTNEED, 0, length)
+
+
+def _open_descriptors() -> int | None:
+    """How many descriptors this process holds: /proc on Linux, /dev/fd on macOS and the
+    BSDs (a listing of the caller's own); None where neither answers."""
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(folder))
+        except OSError:
+            continue
+    return None
+
+
+def _has_madvise() -> bool:
+    try:
+        with mmap.mmap(-1, mmap.PAGESIZE) as probe:
+            probe.madvise(mmap.MADV_DONTNEED, 0, mmap.PAGESIZE)
+    except (AttributeError, OSError, ValueError):
+        return False
+    return True
+
+
+def _thp_allowed() -> bool:
+    """Transparent huge pages set to ``always`` or ``madvise`` (the usual Linux default)."""
+    try:
+        setting = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+    return "[never]" not in setting
+
+
+def open_descriptor(path: Path, flags: int) -> int:
     """``os.open``, with a clear error where the process is out of descriptors (the disk
     tier reserves what it needs before writing anything: ``reserve_descriptors``)."""
     try:

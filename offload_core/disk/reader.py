@@ -36,7 +36,7 @@ import torch
 
 from ..formats.safetensors import byte_view
 from ..units import PAGE
-from .files import files
+from .files import FileBackend
 from .host_memory import host_buffer
 from .plan import Chunk, ReadPlan, Window, check_chunk, check_identity, truncated
 
@@ -133,11 +133,11 @@ class Reader:
         self._bounces = None
 
 
-def pread_full(fd: int, into: memoryview, offset: int) -> int:
+def pread_full(backend: FileBackend, fd: int, into: memoryview, offset: int) -> int:
     """Reads ``into`` whole from ``offset`` unless the file ends first; returns the bytes read."""
     got = 0
     while got < len(into):
-        n = files().pread(fd, into[got:], offset + got)
+        n = backend.pread(fd, into[got:], offset + got)
         if n == 0:
             break
         got += n
@@ -154,7 +154,7 @@ def read_chunk(plan: ReadPlan, chunk: Chunk, buf: torch.Tensor, verify: bool = T
         chunk.file_offset, chunk.nbytes, buf.data_ptr() + chunk.buf_offset
     ):
         direct = -1
-    backend = files()
+    backend = plan.files
     while got < chunk.nbytes:
         if direct >= 0:
             n = backend.pread_direct(direct, mv[got:], chunk.file_offset + got)
@@ -226,7 +226,7 @@ def _read_piece(plan: ReadPlan, mv: memoryview, at: int, want: int, must: int) -
     """Up to ``want`` bytes at file offset ``at`` into ``mv``: at least ``must`` (the file
     may end after those), -1 where O_DIRECT is refused."""
     got = 0
-    backend = files()
+    backend = plan.files
     while got < want:
         n = backend.pread_direct(plan.direct_fd, mv[got:want], at + got)
         if n is None:

@@ -22,7 +22,7 @@ from types import TracebackType
 import torch
 from torch import nn
 
-from ..disk.files import files
+from ..disk.files import FileBackend, files
 from ..disk.plan import ReadPlan, checksummed, open_plan
 from ..disk.reader import pread_full, read_chunk
 from ..errors import ConfigError, FerryError
@@ -57,6 +57,7 @@ class CheckpointIndex:
         self.setting = setting  # names the file in every error ("checkpoint", ...)
         self.path = Path(header.path)
         self._fd = -1
+        self._files: FileBackend = files()
         self._depth = 0
 
     @classmethod
@@ -165,7 +166,8 @@ class CheckpointIndex:
     # -- tensor reads (inside ``with index:``) ---------------------------------------------------
     def __enter__(self) -> CheckpointIndex:
         if self._depth == 0:
-            self._fd = files().open(self.path)
+            self._files = files()  # the platform's calls, for this opening's reads
+            self._fd = self._files.open(self.path)
         self._depth += 1
         return self
 
@@ -180,7 +182,7 @@ class CheckpointIndex:
     def read_into(self, st: StoredTensor, out: memoryview) -> None:
         """The stored bytes of ``st`` into ``out`` (at least ``st.nbytes`` long)."""
         assert self._fd >= 0, "read inside `with index:`"
-        if pread_full(self._fd, out[: st.nbytes], st.start) < st.nbytes:
+        if pread_full(self._files, self._fd, out[: st.nbytes], st.start) < st.nbytes:
             raise ConfigError(
                 self.setting,
                 f"{self.path.name} ended inside {st.key!r} (it was truncated or replaced "

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError, DiskPathError
 from ..policy import parse_disk_path
@@ -21,10 +23,30 @@ from ..units import GIB, MIB
 SPACE_MARGIN = 64 << 20
 
 
+#: Windows' classic path limit (MAX_PATH, 260 with the final NUL), and what Ferry adds under
+#: the folder at most: "\\ferry-" + a 60-character slug + "-999\\group-00000.safetensors.tmp".
+WINDOWS_MAX_PATH = 259
+FERRY_SUFFIX = 100
+
+
+def long_path(path: str, windows: bool = sys.platform == "win32", flavour: Any = os.path) -> str:
+    r"""``path``, in Windows' extended-length form (``\\?\C:\...``, ``\\?\UNC\server\share\...``)
+    where the group files under it could pass MAX_PATH: without it, Windows refuses such a
+    path unless long paths are switched on machine-wide. Unchanged elsewhere."""
+    if not windows or path.startswith("\\\\?\\"):
+        return path
+    full = flavour.normpath(flavour.abspath(path))
+    if len(full) + FERRY_SUFFIX <= WINDOWS_MAX_PATH:
+        return path
+    if full.startswith("\\\\"):  # \\server\share\...: a UNC path
+        return "\\\\?\\UNC\\" + full[2:]
+    return "\\\\?\\" + full
+
+
 def make_root(disk_path: str) -> tuple[Path, list[Path]]:
     """Creates ``disk_path`` if needed; returns it and the folders this call created (removed
     again on delete if left empty)."""
-    root = Path(disk_path).expanduser()
+    root = Path(long_path(os.path.expanduser(disk_path)))
     if root.exists() and not root.is_dir():
         raise DiskPathError("disk_path", f"{root} is a file; give a folder for the disk tier")
     created = []

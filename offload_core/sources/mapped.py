@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import errno
 import mmap
-import sys
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..disk.files import files
 from ..disk.plan import ReadPlan, check_chunk, check_identity, damaged_hint
 from ..disk.reader import read_all
 from ..errors import CorruptGroupFileError
@@ -41,14 +41,11 @@ if TYPE_CHECKING:
     from ..transfer.buffers import Slot
     from ..transfer.copies import Transfers
 
-#: Linux >= 5.14: fault the range in now (reading it from the disk), without touching it
-#: from user space. Older kernels answer EINVAL and get MADV_WILLNEED (asynchronous).
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
-
 
 def can_map() -> bool:
-    """Mapped groups need madvise's Linux semantics (DONTNEED drops the pages at once)."""
-    return sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED")
+    """Mapped groups need madvise's Linux semantics (DONTNEED drops the pages at once): the
+    platform's backend says whether it has them (disk/files.py)."""
+    return files().maps_groups
 
 
 class MappedSource:
@@ -91,7 +88,7 @@ class MappedSource:
     def unmap(self) -> None:
         """Drops the group's pages from the process."""
         if self.mm is not None:
-            self.mm.madvise(mmap.MADV_DONTNEED, 0, self.length)
+            self.plan.files.drop_pages(self.mm, self.length)
 
     def release(self) -> None:
         """After the group's forward: unmap its pages, then make sure nobody wrote the file
@@ -117,11 +114,9 @@ class MappedSource:
     def _populate(self) -> None:
         assert self.mm is not None
         try:
-            self.mm.madvise(MADV_POPULATE_READ, 0, self.length)
+            self.plan.files.populate(self.mm, self.length)
         except OSError as e:
-            if e.errno == errno.EINVAL:  # a kernel without MADV_POPULATE_READ
-                self.mm.madvise(mmap.MADV_WILLNEED, 0, self.length)
-            elif e.errno == errno.EFAULT:
+            if e.errno == errno.EFAULT:
                 # Where an access would raise SIGBUS: the file ends before the group does,
                 # or the disk failed to read a page (EIO): reported here, never at compute.
                 raise CorruptGroupFileError(

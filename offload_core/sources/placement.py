@@ -20,7 +20,7 @@ from torch import nn
 
 from ..disk.files import files
 from ..disk.plan import ReadPlan
-from ..errors import WeightsLostError
+from ..errors import CorruptGroupFileError, RestoreIncompleteError, WeightsLostError
 from ..model.grouping import GroupSpec
 from ..model.layout import Entry
 from ..model.plan import OffloadPlan
@@ -130,7 +130,12 @@ class Placement:
             self._choose_cpu_read(tier)
         # Each streamed group keeps its file open: to read, with O_DIRECT beside it
         # (disk/reader.py), and the descriptor Python's mmap keeps for its forms.
-        files().reserve_descriptors(3 * sum(not gp.resident for gp in self.plan.groups))
+        backend = files()
+        backend.reserve_descriptors(3 * sum(not gp.resident for gp in self.plan.groups))
+        # Chosen once for the platform (disk/files.py); said, so a slow disk tier on another
+        # OS can be told from a slow disk.
+        pages = "huge pages" if backend.huge_pages else "ordinary pages"
+        self.notes.append(f"disk reads: {backend.name}; read buffers on {pages}")
         self.store = GroupStore.open(tier.path, self.name, need)
         self.store.direct_io = tier.direct_io
         if self.store.stale_note:
@@ -140,6 +145,12 @@ class Placement:
     def _choose_cpu_read(self, tier: DiskTier) -> None:
         slots = self.plan.n_slots * self.plan.slot_bytes
         self.cpu_read = choose_cpu_read(tier.cpu_read, slots, available_ram())
+        if self.cpu_read == "mapped" and not can_map():
+            self.cpu_read = "copy"
+            self.notes.append(
+                "cpu_read mapped: this platform cannot drop a mapping's pages at once (Linux "
+                "only), so groups are copied into slots (cpu_read copy)"
+            )
         if tier.cpu_read == "auto":
             self.notes.append(
                 f"cpu_read auto: {self.cpu_read} ({self.plan.n_slots} slots of "
@@ -224,40 +235,67 @@ class Placement:
         """The group's file written anew from ``slab`` (its folder made again if deleted);
         the group gets a fresh source on the same read path and fresh host forms.
         [Note: repairing a group under the engine] in repair.py says when this is safe."""
-        assert self.store is not None
+        assert self.store is not None and isinstance(self.tier, DiskTier)
         old = rt.source
+
+        def let_go() -> None:
+            # Nothing of the old file may stay open or mapped when the new one takes its name
+            # (Windows refuses the rename otherwise): the entries wait on meta until the new
+            # forms, the mapping goes with its last view.
+            _point_all(rt.spec.entries, [_placeholder(e) for e in rt.spec.entries])
+            rt.host_forms = []
+            old_path = getattr(getattr(old, "plan", None), "path", None)
+            self._mmaps.pop(str(old_path), None)
+            old.close(self.backend)
+
         self.store.reopen()
-        plan = self.write_group(rt.spec, slab)
-        self._mmaps.pop(str(plan.path), None)  # the old file's mapping
+        plan = self.store.write_group(rt.spec.index, rt.spec.entries, slab, let_go)
+        plan.verify_every_read = self.tier.verify == "every_read"
         rt.source, rt.host_forms = self.group_file_source(rt.spec, plan)
-        old.close(self.backend)
         _point_all(rt.spec.entries, rt.host_forms)
         return plan
 
     # -- remove / roll back ------------------------------------------------------------------
     def restore_all(self) -> None:
         """Every tensor back on its original device, as a fresh ordinary tensor (a tensor
-        whose home is its checkpoint back on the meta device, read from nowhere)."""
+        whose home is its checkpoint back on the meta device, read from nowhere).
+
+        Only damage loses a group: a group whose only copy is a file whose bytes are wrong
+        (``CorruptGroupFileError``) goes to the meta device. Any other error (the platform
+        refusing a call, Ferry's own bug, an interrupt, no memory) keeps the group as it was,
+        its file and descriptors too, and is raised once the others are restored: calling
+        this again restores what is left. See ``RestoreIncompleteError``."""
         self.origin.restore_outside()
-        errors: list[BaseException] = []
+        damaged: list[BaseException] = []
         lost: list[GroupRuntime | ResidentGroup] = []
+        kept: list[GroupRuntime | ResidentGroup] = []
+        failed: BaseException | None = None
         for rt in self.runtimes:
             try:
                 self._restore_group(rt)
-            except BaseException as e:  # keep restoring the others; report the first
+            except CorruptGroupFileError as e:  # the file's bytes say so: nothing to read back
                 log.error("ferry: restoring group %s failed: %s", rt.name, e)
-                errors.append(e)
+                damaged.append(e)
                 lost.append(rt)
                 drop_group(rt, self.backend)
-        self.runtimes.clear()
-        for m, attr, is_param, dev in reversed(self.outside_moved):
-            _move(m, attr, is_param, dev)
-        self.outside_moved.clear()
-        self._mmaps.clear()
-        if self.store is not None:
-            self.store.delete()  # a damaged layout's files are worth nothing: never left
-        if errors:
-            raise lost_error(lost, errors[0])
+            except BaseException as e:  # not the file's fault: keep the group as it is
+                log.error("ferry: restoring group %s failed (kept, not dropped): %r", rt.name, e)
+                failed = failed or e
+                kept.append(rt)
+        self.runtimes[:] = kept
+        if not kept:
+            for m, attr, is_param, dev in reversed(self.outside_moved):
+                _move(m, attr, is_param, dev)
+            self.outside_moved.clear()
+            self._mmaps.clear()
+            if self.store is not None:
+                self.store.delete()  # a damaged layout's files are worth nothing: never left
+        if failed is not None:
+            if not isinstance(failed, Exception):
+                raise failed  # an interrupt stays an interrupt; remove() again finishes
+            raise RestoreIncompleteError([rt.name for rt in kept], failed) from failed
+        if damaged:
+            raise lost_error(lost, damaged[0])
 
     def _restore_group(self, rt: GroupRuntime | ResidentGroup) -> None:
         spec = rt.spec
@@ -281,6 +319,13 @@ def _point_all(entries: list[Entry], forms: list[torch.Tensor]) -> None:
             e.put(f)
         else:
             e.point_at(f)
+
+
+def _placeholder(e: Entry) -> torch.Tensor:
+    """What an entry holds while its file is replaced: meta for a tensor whose home is a
+    file, else untouched memory of its layout (never read: the new forms replace it in the
+    same call, and pages never touched are never taken)."""
+    return _meta_form(e, META if e.orig_device == META else torch.device("cpu"))
 
 
 def _fresh(e: Entry, src: torch.Tensor) -> torch.Tensor:
@@ -318,17 +363,24 @@ def drop_group(rt: GroupRuntime | ResidentGroup, backend: Backend) -> None:
     """A group whose bytes cannot be read back: its tensors go to the meta device (a model
     that uses them fails loudly, never computes on garbage) and its source is closed."""
     for e in rt.spec.entries:
-        cur = e.current()
-        meta = torch.empty_like(cur, device="meta")
-        if e.is_param:
-            e.module._parameters[e.attr] = torch.nn.Parameter(meta, requires_grad=False)
-        else:
-            e.module._buffers[e.attr] = meta
+        e.put(_meta_form(e))
     rt.host_forms = []
     try:
         rt.source.close(backend)
     except OSError as e:  # the descriptor is gone with the file's weights: nothing to keep
         log.debug("ferry: closing %s: %s", rt.name, e)
+
+
+def _meta_form(e: Entry, device: torch.device = META) -> torch.Tensor:
+    """The entry's tensor on the meta device (or an uninitialised one on ``device``), built
+    from its recorded layout (a tensor subclass such as torchao's cannot always be asked for
+    ``empty_like``)."""
+    inner = [torch.empty_strided(p.size, p.stride, dtype=p.dtype, device=device) for p in e.parts]
+    if e.subclass is None:
+        return inner[0]
+    return e.subclass.__tensor_unflatten__(  # type: ignore[attr-defined, no-any-return]
+        dict(zip(e.inner_names, inner)), e.ctx, e.outer_size, e.outer_stride
+    )
 
 
 def lost_error(lost: list[GroupRuntime | ResidentGroup], first: BaseException) -> BaseException:

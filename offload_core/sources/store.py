@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,8 @@ from ..formats.safetensors import NAMES, aligned_header, byte_view
 from ..model.layout import Entry
 from . import disk_folder
 
+log = logging.getLogger("ferry")
+
 MARKER = ".ferry-owned"
 _GROUP_FILE = re.compile(r"^group-\d{5}\.safetensors(\.tmp)?$")
 
@@ -37,13 +41,10 @@ _IN_USE: set[str] = set()
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    # psutil, not os.kill(pid, 0): on Windows os.kill terminates the process it names.
+    import psutil
+
+    return pid > 0 and psutil.pid_exists(pid)
 
 
 def _slug(name: str) -> str:
@@ -62,16 +63,22 @@ class GroupStore:
         self.written: list[Path] = []
 
     @classmethod
-    def open(cls, disk_path: str, name: str, need_bytes: int) -> GroupStore:
-        """Checks and claims the folder before anything is written."""
+    def open(
+        cls, disk_path: str, name: str, need_bytes: int, held: frozenset[str] = frozenset()
+    ) -> GroupStore:
+        """Checks and claims the folder before anything is written. ``held``: folders whose
+        old files another program holds (skipped this time)."""
         root, created = disk_folder.make_root(disk_path)
-        folder, stale_note = _choose_folder(root, f"ferry-{_slug(name)}")
+        folder, stale_note = _choose_folder(root, f"ferry-{_slug(name)}", held)
         reclaim = _own_files_size(folder) if folder.exists() else 0
         disk_folder.check_room(root, need_bytes, reclaim)
         disk_folder.make_folder(root, folder)
         store = cls(folder, stale_note)
         store.created_parents = created
-        store._remove_own_files()
+        if store._remove_own_files(tolerate=True):
+            # Old files another program still holds (Windows refuses to delete them): this
+            # folder cannot be rewritten now; the next free name is taken instead.
+            return cls.open(disk_path, name, need_bytes, held | {str(folder.resolve())})
         store._write_marker("writing")
         _IN_USE.add(str(folder.resolve()))
         return store
@@ -93,13 +100,30 @@ class GroupStore:
             self.folder.mkdir(parents=True, exist_ok=True)
             self._write_marker("ready")
 
-    def _remove_own_files(self) -> None:
+    def _remove_own_files(self, tolerate: bool = False) -> list[Path]:
+        """Deletes Ferry's group files here; with ``tolerate``, returns those the OS refused
+        (in use) instead of raising."""
+        left = []
         for p in self.folder.iterdir():
             if _GROUP_FILE.match(p.name):
-                p.unlink()
+                if tolerate:
+                    if not _unlink(p):
+                        left.append(p)
+                else:
+                    p.unlink()
+        return left
 
-    def write_group(self, index: int, entries: list[Entry], slab: torch.Tensor) -> ReadPlan:
-        """Writes ``slab`` (the group's packed bytes, on the CPU) as a safetensors file."""
+    def write_group(
+        self,
+        index: int,
+        entries: list[Entry],
+        slab: torch.Tensor,
+        let_go: Callable[[], None] | None = None,
+    ) -> ReadPlan:
+        """Writes ``slab`` (the group's packed bytes, on the CPU) as a safetensors file.
+        ``let_go`` runs once the new bytes are safe in ``*.tmp``, before the rename: it
+        closes what this process holds of the file being replaced (Windows refuses to
+        replace a file that is open or mapped)."""
         path = self.folder / f"group-{index:05d}.safetensors"
         tmp = path.with_name(path.name + ".tmp")
         data = byte_view(slab)
@@ -111,6 +135,8 @@ class GroupStore:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            if let_go is not None:
+                let_go()
             os.replace(tmp, path)
         except OSError as e:
             tmp.unlink(missing_ok=True)
@@ -129,14 +155,25 @@ class GroupStore:
         return open_plan(path, chunks, owned=True, direct=self.direct_io)
 
     def delete(self) -> None:
-        """Deletes the files this store wrote, its marker, and the folder if then empty."""
+        """Deletes the files this store wrote, its marker, and the folder if then empty. A
+        file another program holds open cannot be deleted on Windows: it is left with the
+        marker (state "leftover"), said once, and the next layout in this folder rewrites it
+        (``_choose_folder``); nothing raises, the model is already back."""
         _IN_USE.discard(str(self.folder.resolve()))
-        for p in self.written:
-            p.unlink(missing_ok=True)
+        left = [p for p in self.written if not _unlink(p)]
         self.written.clear()
         if not self.folder.exists():
             return
-        self._remove_own_files()
+        left += self._remove_own_files(tolerate=True)
+        if left:
+            self._write_marker("leftover")
+            log.warning(
+                "ferry: could not delete %s in %s (open in another program); the next layout "
+                "in this folder removes it",
+                ", ".join(p.name for p in left[:3]) + (", ..." if len(left) > 3 else ""),
+                self.folder,
+            )
+            return
         for n in (MARKER, MARKER + ".tmp"):
             (self.folder / n).unlink(missing_ok=True)
         for d in [self.folder, *self.created_parents]:
@@ -146,12 +183,24 @@ class GroupStore:
                 break  # the user put something of theirs here: leave it
 
 
-def _choose_folder(root: Path, base: str) -> tuple[Path, str | None]:
+def _unlink(path: Path) -> bool:
+    """Deletes ``path`` (gone already counts); False where the OS refuses because the file
+    is in use (Windows: another handle or mapping holds it)."""
+    try:
+        path.unlink(missing_ok=True)
+    except PermissionError:
+        return False
+    return True
+
+
+def _choose_folder(
+    root: Path, base: str, held: frozenset[str] = frozenset()
+) -> tuple[Path, str | None]:
     """The first ``base[-n]`` folder that is free, or Ferry's own left by a dead run (then a
     note says it is rewritten). Someone else's folder is never touched."""
     for n in range(1, 1000):
         folder = root / (base if n == 1 else f"{base}-{n}")
-        if str(folder.resolve()) in _IN_USE:
+        if str(folder.resolve()) in _IN_USE or str(folder.resolve()) in held:
             continue
         if not folder.exists():
             return folder, None
@@ -183,7 +232,10 @@ def _read_marker(folder: Path) -> dict[str, Any] | None:
 
 
 def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except PermissionError:
+        return  # Windows opens no folder as a file: a rename there is the filesystem's to keep
     try:
         os.fsync(fd)
     finally:

@@ -4,8 +4,13 @@
 
 Starts that ComfyUI headless on the CPU (its own venv's python by default: <checkout>/venv)
 with a fresh base directory: custom_nodes/ComfyUI-Ferry is a symlink to this repository (a
-hyphenated folder, as ComfyUI-Manager names it), plus a test-only node pack; the models are a
-tiny SD3 (MMDiT) and a LoRA with random weights, written here by ComfyUI's own MMDiT class.
+hyphenated folder, as ComfyUI-Manager names it), plus two test-only node packs (conditioning
+and faults; the CPU stand-in for NVIDIA's defaults, off unless a server is started with
+FERRY_STANDIN); the models are a tiny SD3 (MMDiT) and a LoRA with random weights, written here
+by ComfyUI's own MMDiT class, and the same SD3 in ComfyUI's quantized formats.
+
+The same suite runs on each core Ferry supports; `bash tests/comfyui/run_cores.sh` runs it on
+every checkout it is given (default: the three under /work/comfy).
 """
 
 from __future__ import annotations
@@ -71,7 +76,8 @@ def make_base(base: Path, py: str, comfy: Path) -> None:
     custom = base / "custom_nodes"
     custom.mkdir()
     (custom / "ComfyUI-Ferry").symlink_to(REPO, target_is_directory=True)
-    shutil.copy(HERE / "ferry_test_nodes.py", custom / "ferry_test_nodes.py")
+    for pack in ("ferry_test_nodes.py", "ferry_standin_nodes.py"):
+        shutil.copy(HERE / pack, custom / pack)
     subprocess.run(
         [py, str(HERE / "make_tiny_models.py"), str(comfy), str(base / "models")],
         check=True,
@@ -81,15 +87,24 @@ def make_base(base: Path, py: str, comfy: Path) -> None:
 
 
 def start_server(
-    comfy: Path, py: str, base: Path, preexec_fn: Callable[[], None] | None = None
+    comfy: Path,
+    py: str,
+    base: Path,
+    preexec_fn: Callable[[], None] | None = None,
+    *,
+    standin: str = "",
+    args: tuple[str, ...] = (),
 ) -> Server:
-    """Starts ComfyUI headless on the CPU with ``base`` and waits until Ferry's route answers."""
+    """Starts ComfyUI headless on the CPU with ``base`` and waits until Ferry's route answers.
+    ``standin``: the switches of ferry_standin_nodes.py to turn on ("aimdo,lora-fp16");
+    ``args``: more command-line flags for ComfyUI."""
     port = _free_port()
     env = {
         **os.environ,
+        "FERRY_STANDIN": standin,
         "FERRY_SETTINGS": str(base / "ferry-settings.json"),
         "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
-        # site/sitecustomize.py: stand-ins for torchvision and av where they are missing.
+        # site/sitecustomize.py: stand-ins for torchvision, torchaudio and av where missing.
         "FERRY_REPO": str(REPO),
         "PYTHONPATH": os.pathsep.join(
             p for p in (str(HERE / "site"), os.environ.get("PYTHONPATH", "")) if p
@@ -98,6 +113,7 @@ def start_server(
     log = base / f"comfyui-{port}.log"
     cmd = [py, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port)]
     cmd += ["--base-directory", str(base), "--database-url", f"sqlite:///{base / 'comfy.db'}"]
+    cmd += list(args)
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             cmd, cwd=comfy, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec_fn

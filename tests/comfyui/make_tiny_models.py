@@ -1,4 +1,7 @@
-"""Writes a tiny MMDiT (SD3 architecture) with random weights, and a LoRA for it.
+"""Writes a tiny MMDiT (SD3 architecture) with random weights, and a LoRA for it; and the same
+model as a checkpoint (under ``model.diffusion_model.``, which Ferry's quantized loader leaves to
+ComfyUI's loader) and in ComfyUI's two fp8 formats: legacy ``fp8_scaled`` (``scaled_fp8`` +
+``scale_weight``) and ``comfy_quant`` (per-layer ``comfy_quant`` + ``weight_scale``).
 
 Run with ComfyUI's Python (it builds the network with ComfyUI's own MMDiT class, so the keys
 are exactly what ComfyUI's model detection expects):
@@ -8,8 +11,11 @@ are exactly what ComfyUI's model detection expects):
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 
 
 def main(comfy_dir: str, models_dir: str) -> None:
@@ -47,6 +53,10 @@ def main(comfy_dir: str, models_dir: str) -> None:
     dm = os.path.join(models_dir, "diffusion_models")
     os.makedirs(dm, exist_ok=True)
     save_file(sd, os.path.join(dm, "ferry-tiny-sd3.safetensors"))
+    prefixed = {f"model.diffusion_model.{k}": v for k, v in sd.items()}
+    save_file(prefixed, os.path.join(dm, "ferry-tiny-sd3-prefixed.safetensors"))
+    save_file(fp8_scaled(sd), os.path.join(dm, "ferry-tiny-sd3-fp8scaled.safetensors"))
+    save_file(comfy_quant(sd), os.path.join(dm, "ferry-tiny-sd3-comfyquant.safetensors"))
 
     lora = {}
     rank = 4
@@ -62,6 +72,43 @@ def main(comfy_dir: str, models_dir: str) -> None:
     os.makedirs(lo, exist_ok=True)
     save_file(lora, os.path.join(lo, "ferry-tiny-lora.safetensors"))
     print(f"wrote {len(sd)} tensors, {sum(t.numel() for t in sd.values())} parameters")
+
+
+def _fp8(w):  # (weight in float8_e4m3fn, its per-tensor scale)
+    import torch
+
+    scale = (w.abs().max() / FP8_MAX).clamp(min=1e-12).float()
+    return (w / scale).to(torch.float8_e4m3fn), scale
+
+
+def _blocks_linear(sd):
+    return [k for k, v in sd.items() if k.startswith("joint_blocks.") and v.dim() == 2]
+
+
+def fp8_scaled(sd):
+    """ComfyUI's legacy fp8_scaled checkpoint: fp8 weights, ``<layer>.scale_weight``, and the
+    ``scaled_fp8`` marker (empty: matmuls at full precision)."""
+    import torch
+
+    out = dict(sd)
+    for k in _blocks_linear(sd):
+        out[k], out[k[: -len("weight")] + "scale_weight"] = _fp8(sd[k])
+    out["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
+    return out
+
+
+def comfy_quant(sd):
+    """ComfyUI's mixed-precision checkpoint: fp8 weights, ``<layer>.weight_scale`` and a
+    ``<layer>.comfy_quant`` JSON config per quantized layer."""
+    import torch
+
+    out = dict(sd)
+    conf = list(json.dumps({"format": "float8_e4m3fn"}).encode())
+    for k in _blocks_linear(sd):
+        layer = k[: -len(".weight")]
+        out[k], out[layer + ".weight_scale"] = _fp8(sd[k])
+        out[layer + ".comfy_quant"] = torch.tensor(conf, dtype=torch.uint8)
+    return out
 
 
 if __name__ == "__main__":

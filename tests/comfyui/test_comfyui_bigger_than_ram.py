@@ -4,7 +4,9 @@ inside the limit with a latent bit-equal to UNETLoader -> KSampler run without a
 (weight_dtype default and fp8_e4m3fn, and with a LoRA after the Ferry node); with the
 int8-weight preset, quantized group by group as Ferry lays it out, bit-equal to the same
 preset quantized whole by the cache path (Ferry loader -> KSampler, no limit); the same graph
-without Ferry inside the limit is killed."""
+without Ferry inside the limit is killed. On a core with dynamic VRAM (v0.33) the Ferry runs go
+again with the aimdo stand-in on (ferry_standin_nodes.py: core's Linears built without weights,
+a dynamic patcher class), against the same references (UNETLoader, no stand-in, no limit)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from conftest import Server, comfy_checkout, make_base, start_server, stop_serve
 from ferry_workflows import Client, error_message, ferry, graph, saved_latent_name
 from make_big_model import LORA_FILE, MODEL_FILE
 from safetensors.torch import load_file
+from test_comfyui_dynamic_vram import HAS_AIMDO, loads
 
 from tests import cgroup_limit
 
@@ -126,25 +129,44 @@ class RssAnonPeak:
         return self.peak
 
 
-@pytest.fixture(scope="module")
-def limited(big_base: Path, references: dict[str, torch.Tensor]) -> Iterator[Any]:
+def _limited(big_base: Path, standin: str) -> Iterator[Any]:
     comfy, py = comfy_checkout()
-    group = cgroup_limit.MemoryGroup(LIMIT)
-    srv = start_server(comfy, py, big_base, preexec_fn=group.enter)
+    group = cgroup_limit.MemoryGroup(LIMIT, name=f"ferry-19-{standin or 'off'}")
+    srv = start_server(comfy, py, big_base, preexec_fn=group.enter, standin=standin)
     try:
-        yield srv, group
+        yield srv, group, standin
     finally:
         stop_server(srv)
         group.remove()
 
 
+STANDINS = ["", "aimdo"] if HAS_AIMDO else [""]
+
+
+@pytest.fixture(scope="module", params=STANDINS, ids=lambda s: f"standin-{s or 'off'}")
+def limited(
+    big_base: Path, references: dict[str, torch.Tensor], request: pytest.FixtureRequest
+) -> Iterator[Any]:
+    yield from _limited(big_base, request.param)
+
+
+@pytest.fixture(scope="module")
+def limited_plain(big_base: Path, references: dict[str, torch.Tensor]) -> Iterator[Any]:
+    yield from _limited(big_base, "")
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_ferry_loader_runs_the_model_inside_the_limit(case: str, limited: Any, references) -> None:  # type: ignore[no-untyped-def]
-    srv, group = limited
+    srv, group, standin = limited
+    state = loads(srv)
+    assert state["aimdo_enabled"] == (standin == "aimdo")
     rss = RssAnonPeak(srv.proc.pid)
     latent = _run(srv, _graph(case, with_ferry=True))
     peak = rss.stop()
-    print(f"{case}: peak RssAnon {peak / MB:.0f} MB, cgroup peak {group.max_usage / MB:.0f} MB")
+    print(
+        f"{case} (aimdo stand-in {'on' if standin else 'off'}): peak RssAnon {peak / MB:.0f} MB,"
+        f" cgroup peak {group.max_usage / MB:.0f} MB"
+    )
     assert srv.proc.poll() is None
     assert torch.equal(latent, references[case])
     if CASES[case][2] != "none":  # the path the loader took, as its log says
@@ -152,8 +174,8 @@ def test_ferry_loader_runs_the_model_inside_the_limit(case: str, limited: Any, r
     _free(srv)
 
 
-def test_the_same_graph_without_ferry_is_killed_inside_the_limit(limited: Any) -> None:
-    srv, _group = limited
+def test_the_same_graph_without_ferry_is_killed_inside_the_limit(limited_plain: Any) -> None:
+    srv, _group, _ = limited_plain
     client = Client(srv.url)
     status, _ = client.queue(_graph("default", with_ferry=False))
     assert status == 200

@@ -105,6 +105,25 @@ def test_plain_model_after_ferry_gets_its_weights_back(
     assert live(client) == []  # a plain clone loading released Ferry's layout
 
 
+def test_a_ferry_node_that_runs_again_with_the_same_config_keeps_its_layout(
+    client: Client, server: Any, reference: torch.Tensor
+) -> None:
+    # The node runs again (its panel settings file saved anew, unchanged), so ComfyUI drops its
+    # old MODEL and collects it before the new one loads: the layout stays (patcher.py, the
+    # anchor), and a plain load after it still gets the plain weights back.
+    settings = {"policy": {"tier": "ram", "level": "block", "prefetch_depth": 1}}
+    assert client.post("/ferry/settings", settings)[0] == 200
+    run_ok(client, server, graph([ferry(use_panel_settings=True)], "again", seed=21))
+    laid = server.log.read_text(errors="replace").count("ferry: laid out")
+    time.sleep(0.05)  # a new mtime for the same settings: the node's fingerprint changes
+    assert client.post("/ferry/settings", settings)[0] == 200
+    got = run_ok(client, server, graph([ferry(use_panel_settings=True)], "again"))
+    assert torch.equal(got, reference)
+    assert server.log.read_text(errors="replace").count("ferry: laid out") == laid
+    assert torch.equal(run_ok(client, server, graph([], "plain-after-again")), reference)
+    assert live(client) == []
+
+
 def test_lora_after_ferry_gives_the_same_latent(
     client: Client, server: Any, reference: torch.Tensor, lora_reference: torch.Tensor
 ) -> None:

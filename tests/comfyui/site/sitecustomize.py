@@ -8,6 +8,6 @@ import sys
 sys.path.insert(0, os.environ["FERRY_REPO"])
 from bench.h2h_stubs import stub_if_missing
 
-for _name in ("torchvision", "av"):
+for _name in ("torchvision", "torchaudio", "av"):
     stub_if_missing(_name)
 sys.path.remove(os.environ["FERRY_REPO"])
