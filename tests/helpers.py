@@ -143,3 +143,24 @@ def make_uneven_model(seed: int = 5) -> tuple[nn.Module, dict[str, torch.Tensor]
     model = Uneven().eval().requires_grad_(False)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(seed + 1))
     return model, {"x": x}
+
+
+def fail_first_read_with_eio(backend: object, monkeypatch: object) -> list[int]:
+    """The next positioned read through ``backend`` (buffered or direct) raises EIO, later
+    ones read; returns the list the failed descriptor is appended to."""
+    import errno
+
+    failed: list[int] = []
+
+    def eio_once(real):  # type: ignore[no-untyped-def]
+        def read(fd, into, offset):  # type: ignore[no-untyped-def]
+            if not failed:
+                failed.append(fd)
+                raise OSError(errno.EIO, "Input/output error")
+            return real(fd, into, offset)
+
+        return read
+
+    for name in ("pread", "pread_direct"):
+        monkeypatch.setattr(backend, name, eio_once(getattr(backend, name)))  # type: ignore[attr-defined]
+    return failed

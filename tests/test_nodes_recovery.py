@@ -3,7 +3,6 @@ truth becomes a reload of the model, and "already has a Ferry offload" never rea
 
 from __future__ import annotations
 
-import errno
 import importlib
 import os
 import sys
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import PACK_NAME, load_pack
+from tests.helpers import fail_first_read_with_eio
 from tests.test_nodes_binding import Owner, X, cfg
 
 load_pack()
@@ -147,22 +147,9 @@ def test_a_failed_read_is_a_clear_error_and_the_next_prompt_reads_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     owner, b, ref, _ = _laid_out(tmp_path)
-    failed: list[int] = []
-
-    def eio_once(real):  # type: ignore[no-untyped-def]
-        def read(fd, into, offset):  # type: ignore[no-untyped-def]
-            if not failed:
-                failed.append(fd)
-                raise OSError(errno.EIO, "Input/output error")
-            return real(fd, into, offset)
-
-        return read
-
     b.release()  # the copy path reads with the platform's reads (the mapped one faults pages in)
     b.ensure(cfg("disk", disk_path=str(tmp_path), cpu_read="copy"), "cpu", None, lambda: None)
-    backend = pack_files.files()
-    monkeypatch.setattr(backend, "pread", eio_once(backend.pread))
-    monkeypatch.setattr(backend, "pread_direct", eio_once(backend.pread_direct))
+    failed = fail_first_read_with_eio(pack_files.files(), monkeypatch)
     with pytest.raises(recovery.ModelReloadError) as e:
         recovery.guard(Executor(owner), X)
     assert "Input/output error" in str(e.value) and str(tmp_path) in str(e.value)

@@ -8,7 +8,6 @@ copy was the damaged file fails saying so, and remove() always lets go of it com
 from __future__ import annotations
 
 import copy
-import errno
 import os
 import shutil
 from pathlib import Path
@@ -32,7 +31,7 @@ from offload_core.errors import WeightsLostError
 from offload_core.loader import load_offloaded
 from offload_core.sources import disk_folder
 from offload_core.tools.demo_model import DemoDiT, build_demo_model, demo_inputs
-from tests.helpers import flip_byte, make_model, reference, tmpfs
+from tests.helpers import fail_first_read_with_eio, flip_byte, make_model, reference, tmpfs
 
 PREFIX = "model.diffusion_model."
 
@@ -154,20 +153,8 @@ def test_no_source_says_so_and_remove_lets_go_completely(tmp_path, cpu_read):  #
 
 def test_eio_on_a_reader_thread_then_the_next_forward_is_equal(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     model, handle, _, x, ref = _plain_on_disk(tmp_path, "copy")
-    backend = files()  # the platform's reads (os.preadv here, seek + readinto on Windows)
-    failed: list[int] = []
-
-    def eio_once(real):  # type: ignore[no-untyped-def]
-        def read(fd, into, offset):  # type: ignore[no-untyped-def]
-            if not failed:
-                failed.append(fd)
-                raise OSError(errno.EIO, "Input/output error")
-            return real(fd, into, offset)
-
-        return read
-
-    monkeypatch.setattr(backend, "pread", eio_once(backend.pread))
-    monkeypatch.setattr(backend, "pread_direct", eio_once(backend.pread_direct))
+    # The platform's reads (os.preadv here, seek + readinto on Windows).
+    failed = fail_first_read_with_eio(files(), monkeypatch)
     with torch.no_grad(), pytest.raises(OSError, match="Input/output"):
         model(**x)
     assert failed
