@@ -27,6 +27,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.report import md_table
 from offload_core import (
     BlockLevel,
     DiskTier,
@@ -88,8 +89,8 @@ def rel_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.float() - ref.float()).norm() / ref.float().norm())
 
 
-def _num(v: float | None, width: int, digits: int) -> str:
-    return f"{v:>{width}.{digits}f}" if v is not None else f"{'-':>{width}}"
+def _num(v: float | None, digits: int) -> str:
+    return f"{v:.{digits}f}" if v is not None else "-"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,19 +183,26 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         del model
-    header = (
-        f"| {'preset':<14} | layers q. | cold load s | warm load s | warm x | cache MiB "
-        f"| fwd resident s | fwd offloaded s | offloaded == resident | rel. error vs fp |"
-    )
-    print(header)
-    print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
-    for r in rows:
-        print(
-            f"| {r['preset']:<14} | {r['quantized_layers']:>9} | {r['cold_s']:>11.2f} "
-            f"| {_num(r['warm_s'], 11, 2)} | {_num(r['speedup'], 6, 1)} "
-            f"| {r['disk_mib']:>9.1f} | {r['resident_s']:>14.3f} "
-            f"| {r['offloaded_s']:>15.3f} | {r['exact']!s:>21} | {r['rel_err']:>16.2e} |"
+    head = (
+        "preset", "layers q.", "cold load s", "warm load s", "warm x", "cache MiB",
+        "fwd resident s", "fwd offloaded s", "offloaded == resident", "rel. error vs fp",
+    )  # fmt: skip
+    table = [
+        (
+            r["preset"],
+            str(r["quantized_layers"]),
+            f"{r['cold_s']:.2f}",
+            _num(r["warm_s"], 2),
+            _num(r["speedup"], 1),
+            f"{r['disk_mib']:.1f}",
+            f"{r['resident_s']:.3f}",
+            f"{r['offloaded_s']:.3f}",
+            str(r["exact"]),
+            f"{r['rel_err']:.2e}",
         )
+        for r in rows
+    ]
+    print(md_table(head, table))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -23,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.probes import drop_page_cache
-from offload_core.sources.mapped import MADV_POPULATE_READ
+from bench.report import md_table
+from offload_core.disk.posix import MADV_POPULATE_READ
 from offload_core.units import GB
 
 MiB = 1 << 20
@@ -90,8 +91,14 @@ def beside_compute(path: Path, size: int, rounds: int) -> None:
     }
     compute()  # warm up the matmul kernels
     print(f"compute beside a cold read of {size / GB:.2f} GB, {rounds} rounds, median")
-    print("| read beside compute | compute alone s | with the read s | slowdown | s lost per GB |")
-    print("|---|---|---|---|---|")
+    head = (
+        "read beside compute",
+        "compute alone s",
+        "with the read s",
+        "slowdown",
+        "s lost per GB",
+    )
+    rows = []
     for name, read in reads.items():
         alone, beside = [], []
         for _ in range(rounds):
@@ -103,10 +110,12 @@ def beside_compute(path: Path, size: int, rounds: int) -> None:
             t.join()
         ratio = statistics.median(b / a for a, b in zip(alone, beside))
         lost = statistics.median(b - a for a, b in zip(alone, beside))
-        print(
-            f"| {name} | {statistics.median(alone):.3f} | {statistics.median(beside):.3f} | "
-            f"{ratio:.3f} | {lost / (size / GB):.3f} |"
-        )
+        rows.append(
+            (name, f"{statistics.median(alone):.3f}", f"{statistics.median(beside):.3f}",
+             f"{ratio:.3f}", f"{lost / (size / GB):.3f}")
+        )  # fmt: skip
+        print(f"  {name}: {ratio:.3f} x", flush=True)
+    print(md_table(head, rows))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             path.unlink()
         return 0
     print(f"cold reads of a {size / GB:.2f} GB file in {folder}")
-    print("| variant | GB/s | CPU s per GB |")
-    print("|---|---|---|")
+    rows = []
     try:
         for name, threads, chunk, crc, direct in variants:
             best = None
@@ -156,15 +164,17 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     _read(path, threads, chunk, crc, direct, size)
                 except OSError as e:  # O_DIRECT is not supported on every filesystem
-                    print(f"| {name} | failed: {e.strerror} | |")
+                    rows.append((name, f"failed: {e.strerror}", ""))
                     break
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                 if best is None or wall < best[0]:
                     best = (wall, cpu)
             if best:
-                print(f"| {name} | {size / best[0] / GB:.2f} | {best[1] / (size / GB):.2f} |")
+                rows.append((name, f"{size / best[0] / GB:.2f}", f"{best[1] / (size / GB):.2f}"))
+                print(f"  {name}: {rows[-1][1]} GB/s", flush=True)
     finally:
         path.unlink()
+    print(md_table(("variant", "GB/s", "CPU s per GB"), rows))
     return 0
 
 

@@ -28,13 +28,11 @@ from typing import Any
 
 import torch
 
-from bench import probes
+from bench import harness, probes, report
+from offload_core.units import GIB, MIB, fmt_bytes
 
-REPO = Path(__file__).resolve().parents[1]
-GB = 1e9
+REPO = harness.REPO
 CPU_CAP = 0.85  # the dry run's "VRAM" cap, as a share of the model's bytes
-COLUMNS = ("row", "cap", "s/step", "x resident", "peak VRAM", "peak RssAnon", "peak RssFile",
-           "H2D GB/s (/ pinned)", "disk GB/s (/ raw)", "equal")  # fmt: skip
 COMFY_ROWS = ("comfy-lowvram", "comfy-lowvram-async")
 # The current core's rows, in the order they run (see the module docstring).
 DYN_ROWS = ("dyn-resident", "dyn-default", "dyn-ferry-pinned", "dyn-fast-disk", "dyn-ferry-disk")
@@ -48,7 +46,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--comfy-python", default=os.environ.get("FERRY_COMFYUI_PYTHON") or None)
     p.add_argument("--comfy-dynamic", default=os.environ.get("FERRY_COMFYUI_DYNAMIC") or None)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--caps", default="12,24", help="VRAM caps in GB (GPU); CPU: one tiny cap")
+    p.add_argument(
+        "--caps",
+        default="12,24",
+        help="VRAM caps in GB (GiB, as cards are sold); CPU: one tiny cap",
+    )
     p.add_argument("--rows", default=",".join(ALL_ROWS))
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--workdir", default=os.environ.get("FERRY_H2H_DIR", "/tmp/ferry-h2h"))
@@ -89,14 +91,7 @@ def has_module(python: str, name: str) -> bool:
     if python == sys.executable:
         return importlib.util.find_spec(name) is not None
     code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
-    return subprocess.run([python, "-c", code], env=worker_env()).returncode == 0
-
-
-def worker_env() -> dict[str, str]:
-    parts = [str(REPO), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in parts if p)}
-    env.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
-    return env
+    return subprocess.run([python, "-c", code], env=harness.worker_env()).returncode == 0
 
 
 def prepare_model(args: argparse.Namespace, python: str, wd: Path) -> dict[str, Any]:
@@ -107,7 +102,7 @@ def prepare_model(args: argparse.Namespace, python: str, wd: Path) -> dict[str, 
         path = wd / f"{kind}.safetensors"
         if not path.exists():
             cmd = [python, "-m", "bench.h2h_models", comfy, kind, str(path)]
-            subprocess.run(cmd, check=True, cwd=REPO, env=worker_env())
+            subprocess.run(cmd, check=True, cwd=REPO, env=harness.worker_env())
         info = json.loads(path.with_suffix(".json").read_text())
         return {"backend": "comfy", "model": str(path), "info": info, "bytes": info["bytes"]}
     from bench import models
@@ -149,7 +144,7 @@ def plan_rows(args: argparse.Namespace, prep: dict[str, Any], python: str):
     if not has_module(python, "diffusers"):
         skip([r for r in wanted if r.startswith("diffusers")], "diffusers not installed")
     if args.device == "cuda":
-        caps = [int(float(c) * GB) for c in args.caps.split(",") if c]
+        caps = [int(float(c) * GIB) for c in args.caps.split(",") if c]
     else:
         # The tiny model has 3 blocks: Ferry's streaming minimum (outside weights + 2 slots)
         # is ~78 % of it, so a smaller cap would only test the budget check.
@@ -162,94 +157,53 @@ def plan_rows(args: argparse.Namespace, prep: dict[str, Any], python: str):
     return todo, skipped
 
 
-def run_row(args, prep, python, wd: Path, row: str, cap: int | None, pinned: float | None):
-    tag = f"{row}@{cap // 10**6 if cap else 'none'}"
+def run_row(args, prep, python, wd: Path, row: str, cap: int | None) -> dict[str, Any]:
+    """One row in its own process (harness.spawn), with that row's core's Python; a row done
+    by an earlier call (its result kept in the workdir) is not run again; a failed one is."""
+    tag = f"{row}@{cap // MIB if cap else 'none'}"
     result = wd / "rows" / f"{tag}.json"
     if result.exists() and not args.fresh:
-        return json.loads(result.read_text())
+        done: dict[str, Any] = json.loads(result.read_text())
+        if "error" not in done:
+            return done
+        result.unlink()
     result.parent.mkdir(parents=True, exist_ok=True)
-    budget = "auto" if args.device == "cuda" else f"{cap / 2**30:.6f}" if cap else "auto"
+    budget = "auto" if args.device == "cuda" else f"{cap / GIB:.6f}" if cap else "auto"
     python = comfy_python(args, core_of(args, row)) if prep["backend"] == "comfy" else python
     job = {**prep, "row": row, "device": args.device, "comfy_dir": core_of(args, row), "repo": str(REPO),
            "workdir": str(wd / f"scratch-{tag}"), "steps": args.steps, "warm_steps": 1, "seed": 7,
            "cap_bytes": cap, "ferry_budget": budget, "out": str(wd / "rows" / f"{tag}.pt"),
-           "result": str(result), "threads": None}  # fmt: skip
+           "result_file": str(result), "threads": None}  # fmt: skip
     Path(job["workdir"]).mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    p = subprocess.run([python, "-m", "bench.h2h_worker", json.dumps(job)], cwd=REPO,
-                       env=worker_env(), capture_output=True, text=True)  # fmt: skip
-    if not result.exists():
-        tail = (p.stdout + p.stderr)[-3000:]
-        return {"row": row, "error": f"worker exit {p.returncode}: {tail}"}
-    out = json.loads(result.read_text())
-    out.update(cap=cap, tag=tag, wall_s=time.perf_counter() - t0, latent=job["out"])
-    if "error" in out:
-        out["log"] = (p.stdout + p.stderr)[-3000:]
+    out = harness.spawn("bench.h2h_worker", job, python=python)
+    if not result.exists():  # the process died before writing: nothing to resume from
+        return out
+    out.update(cap=cap, tag=tag, latent=job["out"])
     result.write_text(json.dumps(out))
     return out
 
 
-def equal_text(latent: str, resident: str | None) -> str:
-    if resident is None or not Path(latent).exists():
-        return "-"
-    a, b = torch.load(latent), torch.load(resident)
-    if a.shape == b.shape and torch.equal(
-        a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8)
-    ):
-        return "yes"  # bit-identical (NaN-safe: compares the bytes)
-    if a.shape != b.shape:
-        return f"NO (shape {tuple(a.shape)} vs {tuple(b.shape)})"
-    return f"NO (max abs diff {(a.float() - b.float()).abs().max().item():.2g})"
-
-
-def _gb(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f} GiB"
-
-
-def _rate(gbps: float | None, ceiling: float | None) -> str:
-    if gbps is None:
-        return "-"
-    return f"{gbps:.2f} ({gbps / ceiling:.2f})" if ceiling else f"{gbps:.2f}"
-
-
-def table(results: list[dict[str, Any]], pinned: float | None, raw: float | None) -> str:
+def judge(results: list[dict[str, Any]]) -> None:
+    """Each row's ``equal``: its latent against its core's resident row's, byte for byte
+    (NaN-safe), with ``max_diff`` or ``unequal_why`` where not equal; and whether its latent is
+    finite."""
     refs = {r["row"]: r for r in results if r["row"] in ("resident", "dyn-resident")}
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in results:
-        res = refs.get("dyn-resident" if r["row"].startswith("dyn-") else "resident")
-        res = None if res is None or "error" in res else res
-        cap = f"{r['cap'] / GB:.3g} GB" if r.get("cap") else "none"
         if "error" in r:
-            lines.append(f"| {r['row']} | {cap} | FAILED: {r['error'].splitlines()[0][:150]} |")
             continue
-        f = r.get("ferry") or {}
-        # H2D: Ferry's rate while copying (its counters); peers: bytes per step / s per step.
-        h2d = f.get("h2d_gbps") or (r["h2d_step"] / r["s_step"] / GB if r.get("h2d_step") else None)
-        disk = f.get("disk_gbps") or (r["disk_read_step"] / r["s_step"] / GB
-                                      if r.get("disk_read_step") else None)  # fmt: skip
-        x = f"{r['s_step'] / res['s_step']:.2f}" if res else "-"
-        eq = equal_text(r["latent"], res["latent"] if res else None) if r is not res else "yes"
-        if not r.get("latent_finite", True):
-            eq += " (latent has NaN/inf)"
-        cells = (r["row"], cap, f"{r['s_step']:.3f}", x, _gb(r.get("peak_vram")),
-                 _gb(r["rss_anon"]), _gb(r["rss_file"]), _rate(h2d, pinned), _rate(disk, raw), eq)  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def core_notes(results: list[dict[str, Any]]) -> str:
-    """What each dyn row's core turned on, as its worker found it."""
-    out = ""
-    for r in results:
-        core = r.get("core")
-        if r["row"].startswith("dyn-") and core:
-            pinned = core.get("pinned_limit")
-            out += (
-                f"\n{r['row']}: dynamic VRAM {'on' if core['dynamic_vram'] else 'off'}, pinned "
-                f"memory {'limit ' + _gb(pinned) if pinned and pinned > 0 else 'off'}, "
-                f"{core.get('offload_streams') or 0} offload streams"
-            )
-    return out
+        ref = refs.get("dyn-resident" if r["row"].startswith("dyn-") else "resident")
+        if ref is None or "error" in ref or not Path(r["latent"]).exists():
+            r["equal"] = None
+            continue
+        a, b = torch.load(r["latent"]), torch.load(ref["latent"])
+        if a.shape != b.shape:
+            r["equal"], r["unequal_why"] = False, f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
+            continue
+        r["equal"] = torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
+        if not r["equal"]:
+            a, b = a.float(), b.float()
+            both_nan = a.isnan() & b.isnan()  # the same NaN is no difference
+            r["max_diff"] = torch.where(both_nan, 0.0, a - b).abs().max().item()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,9 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     todo, skipped = plan_rows(args, prep, python)
     pinned = probes.probe_pinned_h2d() if args.device == "cuda" else None
     raw = probes.probe_disk(wd / "probe", 1 << 30 if args.device == "cuda" else 64 << 20).raw_gbps
-    print(f"h2h: {prep['info'].get('kind')} ({prep['bytes'] / GB:.3g} GB file), backend "
+    h2d = "-" if pinned is None else f"{pinned:.2f} GB/s"
+    print(f"h2h: {prep['info'].get('kind')} ({fmt_bytes(prep['bytes'])} file), backend "
           f"{prep['backend']}, device {args.device}, {args.steps} steps; pinned H2D "
-          f"{_rate(pinned, None)} GB/s, raw disk read {raw:.2f} GB/s", flush=True)  # fmt: skip
+          f"{h2d}, raw disk read {raw:.2f} GB/s", flush=True)  # fmt: skip
     if args.device == "cpu":
         print(f"h2h: dry run on the CPU: the cap is {CPU_CAP:.0%} of the model's bytes; ComfyUI's lowvram "
               "rows get it through a shim (ComfyUI never partially loads onto a CPU)")  # fmt: skip
@@ -278,11 +233,12 @@ def main(argv: list[str] | None = None) -> int:
         if time.perf_counter() - t0 > args.budget_s:
             not_run.append(f"{row}@{cap}")
             continue
-        r = run_row(args, prep, python, wd, row, cap, pinned)
+        r = run_row(args, prep, python, wd, row, cap)
         print(f"h2h: {row} cap={cap}: " + ("FAILED " + r["error"][-800:] if "error" in r
               else f"{r['s_step']:.3f} s/step"), flush=True)  # fmt: skip
         results.append(r)
-    text = table(results, pinned, raw) + core_notes(results)
+    judge(results)
+    text = report.h2h_table(results, pinned, raw) + report.h2h_core_notes(results)
     for row, why in skipped:
         text += f"\nskipped {row}: {why}"
     if not_run:

@@ -1,6 +1,6 @@
 """One head-to-head row, in a fresh process (so one row's RAM peak never mixes with another's):
 
-    python -m bench.h2h_worker '<json job>'
+    python -m bench.h2h_worker '<json job>'   (bench/h2h.py starts it through harness.spawn)
 
 Backend ``comfy``: real ComfyUI in process, the model from ``comfy.sd``, KSampler (see
 bench/h2h_comfy.py). Backend ``plain`` (no ComfyUI): the bench model and an Euler loop over
@@ -13,16 +13,14 @@ its time subtracted), so their reads come from the disk, not from RAM.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench import probes
+from bench import harness, probes
 from offload_core import PeakRssSampler, process_memory
 
 
@@ -185,11 +183,4 @@ def main(job: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    job = json.loads(sys.argv[1])
-    try:
-        result = main(job)
-    except Exception as e:  # the orchestrator prints this row as failed, with the reason
-        traceback.print_exc()
-        result = {"row": job["row"], "error": f"{type(e).__name__}: {e}"}
-    Path(job["result"]).write_text(json.dumps(result))
-    print(json.dumps(result))
+    sys.exit(harness.job_main(sys.argv[1:], main))

@@ -2,8 +2,8 @@
 it is given, the result it writes), the machine it runs on, and the model it runs (built once
 with seeded weights, saved as a safetensors checkpoint, with its inputs).
 
-The drivers (compare.py, paired.py, load_memory.py, ab_versions.py, and h2h.py when it moves
-onto this module) keep only what they measure; the tables are report.py's.
+The drivers (compare.py, paired.py, load_memory.py, ab_versions.py, h2h.py) keep only what
+they measure; the tables are report.py's.
 """
 
 from __future__ import annotations
@@ -31,23 +31,29 @@ Job = dict[str, Any]
 
 # -- processes ---------------------------------------------------------------------------------
 def worker_env() -> dict[str, str]:
-    """The environment of a mode's process: the checkout on the path, torchao's native
-    kernels skipped (the CPU wheel has none), no network for the peers' hubs."""
-    return dict(
-        os.environ,
-        TORCHAO_FORCE_SKIP_LOADING_SO_FILES="1",
-        PYTHONPATH=str(REPO),
-        HF_HUB_OFFLINE="1",
-    )
+    """The environment of a mode's process: the checkout first on the path (before what the
+    caller's PYTHONPATH holds: on a lent GPU the carried wheels live there), torchao's native
+    kernels skipped unless the caller says otherwise (the CPU wheel has none), no network for
+    the peers' hubs."""
+    parts = [str(REPO), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in parts if p), HF_HUB_OFFLINE="1")
+    env.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+    return env
 
 
-def spawn(module: str, job: Job) -> dict[str, Any]:
+def _label(job: Job) -> Job:
+    """What names a job in its result: a driver's ``mode``, or the head-to-head's ``row``."""
+    return {k: job[k] for k in ("mode", "row") if k in job}
+
+
+def spawn(module: str, job: Job, *, python: str | None = None) -> dict[str, Any]:
     """Runs ``python -m module '<job>'`` (a fresh process whose ``__main__`` calls
-    ``job_main``) and returns the result it wrote to ``job["result_file"]``, with its outputs
-    loaded and ``wall_s``."""
+    ``job_main``; ``python`` defaults to this one, the head-to-head gives each ComfyUI core's
+    own) and returns the result it wrote to ``job["result_file"]``, with its outputs loaded and
+    ``wall_s``; a failed process's result has its ``error`` and the ``log`` it printed last."""
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", module, json.dumps(job)],
+        [python or sys.executable, "-m", module, json.dumps(job)],
         cwd=REPO,
         env=worker_env(),
         capture_output=True,
@@ -57,7 +63,9 @@ def spawn(module: str, job: Job) -> dict[str, Any]:
     if rfile.exists():
         res: dict[str, Any] = json.loads(rfile.read_text())
     else:
-        res = {"mode": job["mode"], "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+        res = {**_label(job), "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+    if "error" in res:
+        res["log"] = (proc.stdout + proc.stderr)[-3000:]
     res["wall_s"] = time.perf_counter() - t0
     if "out_file" in res:
         res["outputs"] = torch.load(res["out_file"])
@@ -66,12 +74,14 @@ def spawn(module: str, job: Job) -> dict[str, Any]:
 
 def job_main(argv: list[str], work: Callable[[Job], dict[str, Any]]) -> int:
     """A mode's process: ``argv[0]`` is the job (JSON); the result of ``work(job)``, or the
-    error, goes to ``job["result_file"]``."""
+    error (its traceback also printed, so ``spawn``'s ``log`` has it), goes to
+    ``job["result_file"]``."""
     job = json.loads(argv[0])
     try:
         result = work(job)
     except Exception:
-        result = {"mode": job["mode"], "error": traceback.format_exc(limit=8)}
+        traceback.print_exc()
+        result = {**_label(job), "error": traceback.format_exc(limit=8)}
     Path(job["result_file"]).write_text(json.dumps(result))
     return 0 if "error" not in result else 1
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from bench.probes import drop_page_cache
+from bench.report import md_table
 from offload_core.disk.host_memory import _page_aligned, host_buffer
 from offload_core.units import GB
 
@@ -90,9 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         path.unlink()
     print(f"cold O_DIRECT reads of {size / GB:.2f} GB in {a.request_mb} MiB requests, "
           f"{a.rounds} rounds (shuffled), median GB/s")  # fmt: skip
-    print("| destination | GB/s, median | range |\n|---|---|---|")
-    for name, r in rates.items():
-        print(f"| {name} | {statistics.median(r):.2f} | {min(r):.2f}-{max(r):.2f} |")
+    rows = [
+        (name, f"{statistics.median(r):.2f}", f"{min(r):.2f}-{max(r):.2f}")
+        for name, r in rates.items()
+    ]
+    print(md_table(("destination", "GB/s, median", "range"), rows))
     return 0
 
 

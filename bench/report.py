@@ -16,9 +16,14 @@ Row = Sequence[str]
 
 
 # -- cells ---------------------------------------------------------------------------------------
-def md_table(head: Row, rows: Sequence[Row]) -> str:
-    """A markdown table, each column padded to its widest cell."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+def md_table(head: Row, rows: Sequence[Row], *, pad: bool = True) -> str:
+    """A markdown table, each column padded to its widest cell; with ``pad=False`` every cell
+    is as wide as its text, so a row reads ``| name | ...`` (the head-to-head: its readers find
+    rows by that, and a lent GPU's output comes back as a 12,000-character tail)."""
+    if pad:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    else:
+        widths = [0] * len(head)
 
     def line(cells: Row) -> str:
         return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
@@ -39,7 +44,10 @@ def rate(gbps: float | None, ceiling: float | None) -> str:
 
 def equal_cell(r: dict[str, Any]) -> str:
     eq = r.get("equal")
-    return "-" if eq is None else ("yes" if eq else f"NO ({r.get('max_diff', 0):.1e})")
+    if eq is None:
+        return "-"
+    why = r.get("unequal_why") or f"{r.get('max_diff', 0):.1e}"
+    return "yes" if eq else f"NO ({why})"
 
 
 def median_range(values: list[float]) -> tuple[float, float, float]:
@@ -258,3 +266,63 @@ def ab_table(
             (path, f"{ra[0]:.3f}", f"{rb[0]:.3f}", f"{ab[0]:.3f} ({ab[1]:.2f}-{ab[2]:.2f})", eq)
         )
     return f"{title}\n\n{md_table(head, rows)}"
+
+
+# -- h2h.py: the head-to-head, one process per row ---------------------------------------------
+H2H_HEAD = (
+    "row", "cap", "s/step", "x resident", "peak VRAM", "peak RssAnon", "peak RssFile",
+    "H2D GB/s (/ pinned)", "disk GB/s (/ raw)", "equal",
+)  # fmt: skip
+
+
+def h2h_table(results: list[dict[str, Any]], pinned: float | None, raw: float | None) -> str:
+    """Every row against its core's resident row (``dyn-*`` rows against ``dyn-resident``);
+    ``equal`` as h2h.judge found it."""
+    refs = {r["row"]: r for r in results if r["row"] in ("resident", "dyn-resident")}
+    rows = []
+    for r in results:
+        ref = refs.get("dyn-resident" if r["row"].startswith("dyn-") else "resident")
+        ref = None if ref is None or "error" in ref else ref
+        cap = fmt_bytes(r["cap"]) if r.get("cap") else "none"
+        if "error" in r:
+            why = r["error"].strip().splitlines()[-1][:150]  # a traceback's last line says what
+            rows.append((r["row"], cap, f"FAILED: {why}", *[""] * (len(H2H_HEAD) - 3)))
+            continue
+        f = r.get("ferry") or {}
+        s = r["s_step"]
+        # H2D: Ferry's rate while copying (its counters); peers: bytes per step / s per step.
+        h2d = f.get("h2d_gbps") or (r["h2d_step"] / s / GB if r.get("h2d_step") else None)
+        disk = f.get("disk_gbps") or (r["disk_read_step"] / s / GB if r.get("disk_read_step") else None)  # fmt: skip
+        eq = "yes" if r is ref else equal_cell(r)
+        if not r.get("latent_finite", True):
+            eq += " (latent has NaN/inf)"
+        rows.append(
+            (
+                r["row"],
+                cap,
+                f"{s:.3f}",
+                f"{s / ref['s_step']:.2f}" if ref else "-",
+                fmt_bytes(r.get("peak_vram")),
+                fmt_bytes(r["rss_anon"]),
+                fmt_bytes(r["rss_file"]),
+                rate(h2d, pinned),
+                rate(disk, raw),
+                eq,
+            )
+        )
+    return md_table(H2H_HEAD, rows, pad=False)
+
+
+def h2h_core_notes(results: list[dict[str, Any]]) -> str:
+    """What each dyn row's core turned on, as its worker found it."""
+    out = ""
+    for r in results:
+        core = r.get("core")
+        if r["row"].startswith("dyn-") and core:
+            pinned = core.get("pinned_limit")
+            out += (
+                f"\n{r['row']}: dynamic VRAM {'on' if core['dynamic_vram'] else 'off'}, pinned "
+                f"memory {'limit ' + fmt_bytes(pinned) if pinned and pinned > 0 else 'off'}, "
+                f"{core.get('offload_streams') or 0} offload streams"
+            )
+    return out
