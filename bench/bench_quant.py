@@ -27,6 +27,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import probes
 from bench.report import md_table
 from offload_core import (
     BlockLevel,
@@ -50,12 +51,7 @@ def drop_page_cache(path: str | None) -> None:
     """Evicts a file's clean pages so the next read comes from the disk."""
     if path is None or not hasattr(os, "posix_fadvise"):
         return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    probes.drop_page_cache([Path(path)])
 
 
 def forward_seconds(

@@ -112,11 +112,8 @@ def prepare_model(args: argparse.Namespace, python: str, wd: Path) -> dict[str, 
                             size_gb=size)  # fmt: skip
     path, inputs = wd / "plain-dit.safetensors", wd / "plain-dit-inputs.pt"
     if not path.exists():
-        net = models.build_model(spec)
-        torch.save(
-            models.make_inputs(spec, models.InputSpec(tokens=64, txt_tokens=16), net), inputs
-        )
-        models.save_checkpoint(net, path)
+        made = harness.prepare(spec, path, models.InputSpec(tokens=64, txt_tokens=16))
+        torch.save(made.inputs, inputs)
     info = {"kind": spec.label}
     return {"backend": "plain", "model": str(path), "spec": spec.as_dict(), "inputs": str(inputs),
             "info": info, "bytes": path.stat().st_size}  # fmt: skip

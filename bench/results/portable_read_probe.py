@@ -15,11 +15,14 @@ import sys
 import time
 from pathlib import Path
 
+from bench.probes import drop_page_cache
+from bench.report import md_table
 from offload_core.disk import host_memory
 from offload_core.disk.files import FileBackend
 from offload_core.disk.portable import PortableFiles
 from offload_core.disk.posix import PosixFiles
 from offload_core.formats.safetensors import byte_view
+from offload_core.units import GB
 
 path = Path(sys.argv[1])
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -36,22 +39,13 @@ variants = [(b, d) for b in backends for d in dests]
 rates: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
 
 
-def cold(p: Path) -> None:
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 for r in range(rounds):
     order = variants[:]
     random.shuffle(order)
     for b, d in order:
         backend, buf = backends[b], dests[d]
         mv = byte_view(buf)
-        cold(path)
+        drop_page_cache([path])
         fd = backend.open(path)
         t0 = time.perf_counter()
         off = 0
@@ -62,17 +56,17 @@ for r in range(rounds):
             off += n
         dt = time.perf_counter() - t0
         os.close(fd)
-        rates[(b, d)].append(size / dt / 1e9)
+        rates[(b, d)].append(size / dt / GB)
     print(
         f"round {r + 1}: "
         + ", ".join(f"{b} into {d} {rates[(b, d)][-1]:.2f}" for b, d in variants),
         flush=True,
     )
 print(
-    f"{size / 1e9:.2f} GB in {request >> 20} MiB requests, cold, buffered, {rounds} rounds (GB/s):"
+    f"{size / GB:.2f} GB in {request >> 20} MiB requests, cold, buffered, {rounds} rounds (GB/s):"
 )
-print("| backend | destination | median GB/s | range |")
-print("|---|---|---|---|")
+rows = []
 for b, d in variants:
     x = rates[(b, d)]
-    print(f"| {b} | {d} | {statistics.median(x):.2f} | {min(x):.2f}-{max(x):.2f} |")
+    rows.append((b, d, f"{statistics.median(x):.2f}", f"{min(x):.2f}-{max(x):.2f}"))
+print(md_table(("backend", "destination", "median GB/s", "range"), rows))
