@@ -37,7 +37,7 @@ from ..offload_core import (
     plan_offload,
 )
 from ..offload_core.errors import WeightsLostError
-from ..offload_core.model.layout import tensor_nbytes
+from ..offload_core.model.layout import module_nbytes
 from ..offload_core.model.plan import OffloadPlan
 from ..offload_core.policy import AUTO, OffloadPolicy
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
@@ -93,9 +93,15 @@ class OffloadBinding:
         return self._plans[k]
 
     def _policy(self, config: FerryConfig, device: torch.device | str) -> OffloadPolicy:
-        """``config``'s policy with "auto" resolved by the host's count of free VRAM."""
-        free = self.free_vram(torch.device(device)) if self.free_vram is not None else None
-        return resolve_auto(config.policy, free, _bytes_on(self.module, torch.device(device)))
+        """``config``'s policy with "auto" resolved by the host's count of free VRAM (the
+        model's bytes are counted only then: a walk over every tensor)."""
+        if config.policy.vram_budget != AUTO or self.free_vram is None:
+            return config.policy
+        free = self.free_vram(torch.device(device))
+        if free is None:
+            return config.policy
+        on_device = module_nbytes(self.module, on=torch.device(device))
+        return resolve_auto(config.policy, free, on_device)
 
     def _let_go(self) -> None:
         """Whatever Ferry layout the module has (this binding's or a lost one) is removed."""
@@ -225,15 +231,6 @@ def resolve_auto(policy: OffloadPolicy, free: int | None, on_device: int) -> Off
     if policy.vram_budget != AUTO or free is None:
         return policy
     return replace(policy, vram_budget=max(free + on_device - policy.headroom_bytes, 1))
-
-
-def _bytes_on(module: nn.Module, device: torch.device) -> int:
-    seen = {
-        id(t): tensor_nbytes(t)
-        for t in [*module.parameters(), *module.buffers()]
-        if t.device.type == device.type
-    }
-    return sum(seen.values())
 
 
 def release_from_panel(handle: Any, policy: Any) -> str:

@@ -86,24 +86,23 @@ def policy_from_inputs(
     parser (the panel and the settings file use the same ones).
     """
     disk = tier == "disk"
-    try:  # the setting's one parser: empty is this host's default folder
-        path = parse_disk_path(disk_path, default_disk_path) if disk else None
-    except ConfigError as e:
-        raise as_node_error(e) from None
-    flat = {
-        "level": level,
-        "blocks_per_group": blocks_per_group,
-        "tier": tier,
-        "disk_path": path,
-        "direct_io": direct_io if disk else None,
-        "verify": verify if disk else None,
-        "cpu_read": cpu_read if disk else None,
-        "prefetch_depth": prefetch_depth,
-        "vram_budget_gb": vram_budget,
-        "headroom_gb": headroom_gb,
-    }
     try:
-        return OffloadPolicy.from_dict(flat)
+        # The setting's one parser: empty is this host's default folder.
+        path = parse_disk_path(disk_path, default_disk_path) if disk else None
+        return OffloadPolicy.from_dict(
+            {
+                "level": level,
+                "blocks_per_group": blocks_per_group,
+                "tier": tier,
+                "disk_path": path,
+                "direct_io": direct_io if disk else None,
+                "verify": verify if disk else None,
+                "cpu_read": cpu_read if disk else None,
+                "prefetch_depth": prefetch_depth,
+                "vram_budget_gb": vram_budget,
+                "headroom_gb": headroom_gb,
+            }
+        )
     except ConfigError as e:
         raise as_node_error(e) from None
 

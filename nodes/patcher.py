@@ -29,8 +29,8 @@ from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ..offload_core import ApiUseError, ConfigError, FerryError
 from ..offload_core.model.layout import module_nbytes
-from ..offload_core.runtime.memory import fmt_bytes
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
+from ..offload_core.units import fmt_bytes
 from . import comfy_core
 from .binding import OffloadBinding
 from .config import FerryConfig, NodeInputError, as_node_error

@@ -14,22 +14,21 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import comfy.model_detection
 import comfy.model_management as mm
 import comfy.model_patcher
-import comfy.utils
 import folder_paths
 import torch
 
 from ..offload_core import ConfigError
-from ..offload_core.formats.safetensors import read_checkpoint_header
+from ..offload_core.formats.safetensors import Header, read_checkpoint_header
 from ..offload_core.model.layout import module_nbytes
 from ..offload_core.quant import load_quantized, quantize_model, resolve_preset
 from ..offload_core.quant.group_stream import plan_quantized
-from ..offload_core.runtime.memory import fmt_bytes, system_available_ram
+from ..offload_core.runtime.memory import system_available_ram
+from ..offload_core.units import fmt_bytes
 from . import comfy_core
 from .config import NodeInputError
-from .stream_loader import core_quant_format, lazy_diffusion_model
+from .stream_loader import core_quant_format, lazy_diffusion_model, meta_state_dict, model_config
 
 log = logging.getLogger("ferry")
 Progress = Callable[[int, int], None]
@@ -53,30 +52,16 @@ def check_preset(preset: str, device: torch.device) -> None:
         raise _node_error(e) from None
 
 
-def _meta_state_dict(header: Any) -> dict[str, torch.Tensor]:
-    return {
-        k: torch.empty(e.shape, dtype=e.dtype, device="meta") for k, e in header.entries.items()
-    }
-
-
 def _streamed(
-    path: str, preset: str, cache: bool, device: torch.device, progress: Progress
+    header: Header, path: str, preset: str, cache: bool, device: torch.device, progress: Progress
 ) -> Any | None:
-    """The streaming path, or None where this file needs ComfyUI's own loader."""
-    header = read_checkpoint_header(path)
-    sd = _meta_state_dict(header)
-    config = comfy.model_detection.model_config_from_unet(sd, "", metadata=header.metadata)
+    """The streaming path, or None where this file needs ComfyUI's own loader. Only for
+    files in no quantized format of core's (the caller refuses those)."""
+    sd = meta_state_dict(header)
+    config = model_config(sd, None, header.metadata)
     if config is None:
         return None
     load_device = mm.get_torch_device()
-    params = comfy.utils.calculate_parameters(sd)
-    unet_dtype = mm.unet_dtype(
-        model_params=params,
-        supported_dtypes=list(config.supported_inference_dtypes),
-        weight_dtype=comfy.utils.weight_dtype(sd),
-    )
-    cast = mm.unet_manual_cast(unet_dtype, load_device, config.supported_inference_dtypes)
-    comfy_core.set_inference_dtype(config, unet_dtype, cast, load_device)
     try:
         base = comfy_core.build_on_meta(config, sd)
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
@@ -162,7 +147,7 @@ def load_quantized_diffusion_model(path: str, preset: str, cache: bool, progress
             "load it with quant_preset none",
         )
     try:
-        patcher = _streamed(path, preset, cache, offload, progress)
+        patcher = _streamed(header, path, preset, cache, offload, progress)
         if patcher is None:
             # A plain patcher (not core's dynamic one, whose delegate would read the file
             # again, unquantized), quantized in place.

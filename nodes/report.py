@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..offload_core.runtime.memory import DeviceMemory, ProcessMemory, fmt_bytes
+from ..offload_core.runtime.memory import DeviceMemory, ProcessMemory
+from ..offload_core.units import fmt_bytes
 
 
 def _gbps(v: float | None) -> str:

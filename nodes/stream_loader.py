@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..offload_core import ConfigError
-from ..offload_core.formats.safetensors import read_checkpoint_header
+from ..offload_core.formats.safetensors import Header, read_checkpoint_header
 from ..offload_core.quant.group_stream import QuantizedStream
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights, Converter
 from . import comfy_core
@@ -79,15 +79,23 @@ class LazyCheckpoint:
         )
 
 
-def _meta_sd(path: str) -> dict[str, torch.Tensor]:
+def _checkpoint_header(path: str) -> Header:
+    """The file's header, read once per load (its tensors and metadata); a NodeInputError
+    naming the widget where it is not a readable safetensors file."""
     try:
-        entries = CheckpointWeights.read(path, WIDGET)
+        return read_checkpoint_header(path, WIDGET)
     except ConfigError as e:
         raise NodeInputError(WIDGET, str(e).removeprefix(f"{WIDGET}: ")) from None
-    return {k: torch.empty(e.shape, dtype=e.dtype, device="meta") for k, e in entries.items()}
 
 
-def _configured(
+def meta_state_dict(header: Header) -> dict[str, torch.Tensor]:
+    """The file's tensors as meta tensors: what ComfyUI's model detection reads."""
+    return {
+        k: torch.empty(e.shape, dtype=e.dtype, device="meta") for k, e in header.entries.items()
+    }
+
+
+def model_config(
     sd: dict[str, torch.Tensor], dtype: torch.dtype | None, metadata: dict[str, str]
 ) -> Any | None:
     """The model config as load_diffusion_model_state_dict sets it (None: not detected as is),
@@ -128,8 +136,8 @@ def lazy_diffusion_model(
     where ComfyUI's own loader must convert the file (the caller loads it whole).
     ``quantize(dm)`` plans a torchao preset on the meta network (``plan_quantized``): its
     Linears are then quantized group by group as they are read."""
-    sd = _meta_sd(path)
-    metadata = read_checkpoint_header(path).metadata
+    header = _checkpoint_header(path)
+    sd, metadata = meta_state_dict(header), header.metadata
     quant_format = core_quant_format(sd, metadata)
     if quant_format is not None:
         _not_lazy(path, f"ComfyUI's {quant_format} format, which its loader converts")
@@ -140,7 +148,7 @@ def lazy_diffusion_model(
         sd = stripped
     else:
         prefix = ""
-    config = _configured(sd, WEIGHT_DTYPES[weight_dtype], metadata)
+    config = model_config(sd, WEIGHT_DTYPES[weight_dtype], metadata)
     if config is None or set(config.process_unet_state_dict(dict(sd))) != set(sd):
         return None  # a diffusers layout or renamed keys: ComfyUI converts them in RAM
     try:

@@ -42,10 +42,15 @@ def tensor_nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def module_nbytes(module: nn.Module) -> int:
+def module_nbytes(module: nn.Module, on: torch.device | None = None) -> int:
     """The bytes of a module's parameters and buffers (children included), each tensor once
-    (a tied weight reachable from two modules is one tensor)."""
-    unique = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    (a tied weight reachable from two modules is one tensor); with ``on``, only those on a
+    device of its type."""
+    unique = {
+        id(t): t
+        for t in (*module.parameters(), *module.buffers())
+        if on is None or t.device.type == on.type
+    }
     return sum(tensor_nbytes(t) for t in unique.values())
 
 

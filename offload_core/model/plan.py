@@ -12,7 +12,7 @@ from ..errors import AlreadyOffloadedError, ConfigError
 from ..policy import AUTO, DiskTier, OffloadPolicy, RamTier
 from ..units import fmt_bytes
 from .grouping import Grouping, build_grouping
-from .layout import tensor_nbytes
+from .layout import module_nbytes
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def plan_offload(
     sizes = [g.nbytes for g in grouping.groups]
     depth = min(policy.prefetch_depth, max(len(sizes) - 1, 1))
     resident = [False] * len(sizes)
-    budget = _budget(policy, device, _bytes_on(model, device))
+    budget = _budget(policy, device, module_nbytes(model, on=device))
     if budget is not None:
         resident, depth = _fit_budget(budget, grouping, depth, notes)
         if depth < policy.prefetch_depth and not all(resident):
@@ -207,14 +207,6 @@ def _fit_budget(
     for i in range(int(k)):
         resident[(i * len(sizes)) // int(k)] = True
     return resident, depth
-
-
-def _bytes_on(model: nn.Module, device: torch.device) -> int:
-    seen: dict[int, int] = {}
-    for t in [*model.parameters(), *model.buffers()]:
-        if t.device.type == device.type:
-            seen[id(t)] = tensor_nbytes(t)
-    return sum(seen.values())
 
 
 def _budget(policy: OffloadPolicy, device: torch.device, on_device: int) -> int | None:

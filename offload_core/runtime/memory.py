@@ -19,21 +19,7 @@ from typing import Any
 
 import torch
 
-from ..units import fmt_bytes
 from .cgroup_memory import cgroup_available
-
-#: Formatting bytes belongs to units.py; nodes and bench import it from here too.
-__all__ = [
-    "DeviceMemory",
-    "PeakRssSampler",
-    "ProcessMemory",
-    "device_memory",
-    "fmt_bytes",
-    "process_memory",
-    "release_freed_memory",
-    "system_available_ram",
-    "trim_heap",
-]
 
 
 @dataclass(frozen=True)
