@@ -197,9 +197,12 @@ class Placement:
                 _move(m, attr, is_param, dev)
 
     # -- what the source kinds ask (sources/kinds.py: Placing) -------------------------------
-    def write_group(self, spec: GroupSpec, packed: torch.Tensor) -> ReadPlan:
+    def write_group(
+        self, spec: GroupSpec, packed: torch.Tensor, let_go: Callable[[], None] | None = None
+    ) -> ReadPlan:
+        """The group's file (``let_go``: see GroupStore.write_group), read as the tier says."""
         assert self.store is not None and isinstance(self.tier, DiskTier)
-        plan = self.store.write_group(spec.index, spec.entries, packed)
+        plan = self.store.write_group(spec.index, spec.entries, packed, let_go)
         plan.verify_every_read = self.tier.verify == "every_read"
         return plan
 
@@ -235,7 +238,7 @@ class Placement:
         """The group's file written anew from ``slab`` (its folder made again if deleted);
         the group gets a fresh source on the same read path and fresh host forms.
         [Note: repairing a group under the engine] in repair.py says when this is safe."""
-        assert self.store is not None and isinstance(self.tier, DiskTier)
+        assert self.store is not None
         old = rt.source
 
         def let_go() -> None:
@@ -249,8 +252,7 @@ class Placement:
             old.close(self.backend)
 
         self.store.reopen()
-        plan = self.store.write_group(rt.spec.index, rt.spec.entries, slab, let_go)
-        plan.verify_every_read = self.tier.verify == "every_read"
+        plan = self.write_group(rt.spec, slab, let_go)
         rt.source, rt.host_forms = self.group_file_source(rt.spec, plan)
         _point_all(rt.spec.entries, rt.host_forms)
         return plan
@@ -266,7 +268,7 @@ class Placement:
         its file and descriptors too, and is raised once the others are restored: calling
         this again restores what is left. See ``RestoreIncompleteError``."""
         self.origin.restore_outside()
-        damaged: list[BaseException] = []
+        damage: CorruptGroupFileError | None = None
         lost: list[GroupRuntime | ResidentGroup] = []
         kept: list[GroupRuntime | ResidentGroup] = []
         failed: BaseException | None = None
@@ -275,7 +277,7 @@ class Placement:
                 self._restore_group(rt)
             except CorruptGroupFileError as e:  # the file's bytes say so: nothing to read back
                 log.error("ferry: restoring group %s failed: %s", rt.name, e)
-                damaged.append(e)
+                damage = damage or e
                 lost.append(rt)
                 drop_group(rt, self.backend)
             except BaseException as e:  # not the file's fault: keep the group as it is
@@ -294,8 +296,8 @@ class Placement:
             if not isinstance(failed, Exception):
                 raise failed  # an interrupt stays an interrupt; remove() again finishes
             raise RestoreIncompleteError([rt.name for rt in kept], failed) from failed
-        if damaged:
-            raise lost_error(lost, damaged[0])
+        if damage is not None:
+            raise lost_error(lost, damage)
 
     def _restore_group(self, rt: GroupRuntime | ResidentGroup) -> None:
         spec = rt.spec
@@ -383,9 +385,9 @@ def _meta_form(e: Entry, device: torch.device = META) -> torch.Tensor:
     )
 
 
-def lost_error(lost: list[GroupRuntime | ResidentGroup], first: BaseException) -> BaseException:
-    """The error remove() raises once everything else is restored."""
-    if not lost or not isinstance(first, Exception):
-        return first  # an interrupt stays an interrupt
+def lost_error(
+    lost: list[GroupRuntime | ResidentGroup], first: CorruptGroupFileError
+) -> WeightsLostError:
+    """The error remove() raises once everything else is restored: the groups damage lost."""
     files = [str(getattr(getattr(rt.source, "plan", None), "path", rt.name)) for rt in lost]
     return WeightsLostError([rt.name for rt in lost], files, first)
