@@ -48,6 +48,7 @@ PACK_DIRS = tuple(
 )
 PLATFORMS = ("windows", "macos")
 
+#: The real `open` and `os.listdir`, for the stand-in's own instruments (Ferry sees the stand-in).
 _original: dict[str, Any] = {}
 
 
@@ -68,7 +69,6 @@ def _from_ferry(depth: int = 2) -> bool:
 def _remove(module: Any, names: list[str]) -> None:
     for name in names:
         if hasattr(module, name):
-            _original[f"{module.__name__}.{name}"] = getattr(module, name)
             delattr(module, name)
 
 
@@ -135,6 +135,11 @@ def open_in_this_process(path: str) -> bool:
                 return True
         except OSError:
             continue
+    return _mapped(target)
+
+
+def _mapped(target: str) -> bool:
+    """Whether the file at the real path ``target`` is mapped in this process."""
     with _original.get("open", builtins.open)("/proc/self/maps") as maps:
         return any(line.rstrip("\n").endswith(" " + target) for line in maps)
 
@@ -175,14 +180,13 @@ def _windows_file_semantics() -> None:
     def truncate(path: Any, length: int) -> None:
         if not isinstance(path, int) and _from_ferry():
             full = resolve(path, None)
-            with _original.get("open", builtins.open)("/proc/self/maps") as maps:
-                if any(line.rstrip("\n").endswith(" " + os.path.realpath(full)) for line in maps):
-                    raise PermissionError(
-                        errno.EACCES,
-                        "[WinError 1224] The requested operation cannot be performed on a file "
-                        "with a user-mapped section open (Windows stand-in)",
-                        full,
-                    )
+            if _mapped(os.path.realpath(full)):
+                raise PermissionError(
+                    errno.EACCES,
+                    "[WinError 1224] The requested operation cannot be performed on a file "
+                    "with a user-mapped section open (Windows stand-in)",
+                    full,
+                )
         real["truncate"](path, length)
 
     real_open = os.open
@@ -216,8 +220,3 @@ def install(platform: str) -> None:
         _refuse_ferry_imports(("resource", "fcntl"))
         _windows_file_semantics()
     os.environ["FERRY_PLATFORM_STANDIN"] = platform
-
-
-def installed() -> str | None:
-    """The stand-in this process runs under, or None."""
-    return os.environ.get("FERRY_PLATFORM_STANDIN") or None

@@ -33,6 +33,7 @@ elif [ -x .venv-bench/bin/python ]; then py=.venv-bench/bin/python
 else py=python3
 fi
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+status=0
 gpu=$("$py" -c 'import torch; print(torch.cuda.get_device_name().replace(" ", "-") if torch.cuda.is_available() else "")' 2>/dev/null)
 # The carried wheels are built for the lent machine's Python 3.12: install them only there, into
 # /tmp/ferry-site, which outlives the call while the machine stays warm (the dynamic core's two
@@ -47,12 +48,11 @@ fi
 [ -d /tmp/ferry-site ] && export PYTHONPATH="$PYTHONPATH:/tmp/ferry-site"
 if [ "$part" = install ]; then
   [ -n "$gpu" ] || echo "gpu-suite: no GPU: the carried wheels are for the lent GPU's Python 3.12; nothing installed"
-  exit "${status:-0}"
+  exit "$status"
 fi
 
 results=bench/results
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
-status=${status:-0}
 
 run() {  # run NAME CMD...: tee the output to bench/results/<stamp>-NAME.txt
   local name=$1; shift

@@ -35,6 +35,16 @@ COMFY = os.environ.get("FERRY_COMFYUI")
 sys.path.insert(0, str(HERE))
 
 
+def core_has(rel: str, needle: str) -> bool:
+    """Whether the core under test (FERRY_COMFYUI) has ``needle`` in its file ``rel``."""
+    p = Path(COMFY) / rel if COMFY else None
+    return p is not None and p.is_file() and needle in p.read_text(errors="replace")
+
+
+#: A core with dynamic VRAM (v0.15+): its patcher hands Ferry a non-dynamic delegate.
+HAS_AIMDO = core_has("comfy/model_patcher.py", "def get_non_dynamic_delegate")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip = pytest.mark.skip(
         reason="set FERRY_COMFYUI to a ComfyUI checkout to run the real-ComfyUI suite"

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Server, comfy_checkout, make_base, start_server, stop_server
+from conftest import HAS_AIMDO, Server, comfy_checkout, make_base, start_server, stop_server
 from ferry_workflows import Client, error_message, ferry, graph, saved_latent_name
 from make_big_model import LORA_FILE, MODEL_FILE
 from safetensors.torch import load_file
-from test_comfyui_dynamic_vram import HAS_AIMDO, loads
+from test_comfyui_dynamic_vram import loads
 
 from tests import cgroup_limit
 

@@ -13,30 +13,27 @@ Each test names the issue's finding it covers. ``aimdo`` tests need a core with 
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import Server, comfy_checkout, make_base, start_server, stop_server
+from conftest import (
+    HAS_AIMDO,
+    Server,
+    comfy_checkout,
+    core_has,
+    make_base,
+    start_server,
+    stop_server,
+)
 from ferry_workflows import MODEL_FILE, Client, error_message, ferry, graph, lora
 from test_comfyui_real import latent, live, run_ok
 
-_ROOT = Path(os.environ["FERRY_COMFYUI"]) if os.environ.get("FERRY_COMFYUI") else None
-
-
-def _core_has(rel: str, needle: str) -> bool:
-    p = _ROOT / rel if _ROOT is not None else None
-    return p is not None and p.is_file() and needle in p.read_text(errors="replace")
-
-
-HAS_AIMDO = _core_has("comfy/model_patcher.py", "def get_non_dynamic_delegate")
-HAS_LORA_DTYPE = _core_has("comfy/model_management.py", "LORA_COMPUTE_DTYPES")
-HAS_RAM_CACHE = _core_has("comfy/memory_management.py", "RAM_CACHE_HEADROOM")
-HAS_COMFY_QUANT = _core_has("comfy/quant_ops.py", "QuantizedTensor")
+HAS_LORA_DTYPE = core_has("comfy/model_management.py", "LORA_COMPUTE_DTYPES")
+HAS_RAM_CACHE = core_has("comfy/memory_management.py", "RAM_CACHE_HEADROOM")
+HAS_COMFY_QUANT = core_has("comfy/quant_ops.py", "QuantizedTensor")
 SWITCHES = ",".join(s for s, on in (("aimdo", HAS_AIMDO), ("lora-fp16", HAS_LORA_DTYPE)) if on)
 aimdo = pytest.mark.skipif(not HAS_AIMDO, reason="this core has no dynamic VRAM (v0.15+)")
 lora16 = pytest.mark.skipif(not HAS_LORA_DTYPE, reason="this core has no lora_compute_dtype")

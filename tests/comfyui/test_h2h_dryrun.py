@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import COMFY, HAS_AIMDO
+
 REPO = Path(__file__).resolve().parents[2]
 DYN_ROWS = ("dyn-resident", "dyn-default", "dyn-ferry-pinned", "dyn-fast-disk", "dyn-ferry-disk")
 
@@ -28,13 +30,7 @@ def _cells(out: str, name: str) -> list[str]:
 
 
 def _dynamic_core() -> str | None:
-    given = os.environ.get("FERRY_COMFYUI_DYNAMIC")
-    if given:
-        return given
-    comfy = Path(os.environ.get("FERRY_COMFYUI", ""))
-    patcher = comfy / "comfy" / "model_patcher.py"
-    has = patcher.is_file() and "def get_non_dynamic_delegate" in patcher.read_text()
-    return str(comfy) if has else None
+    return os.environ.get("FERRY_COMFYUI_DYNAMIC") or (COMFY if HAS_AIMDO else None)
 
 
 def test_h2h_dry_run_with_comfyui(tmp_path: Path) -> None:
