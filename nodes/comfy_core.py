@@ -112,3 +112,29 @@ def ram_cache_shortfall() -> tuple[int, int] | None:
         return None
     available = int(psutil.virtual_memory().available)
     return (available, headroom) if available < headroom else None
+
+
+def executing_node() -> str | None:
+    """The node executing now, as "node 7 (ModelSamplingSD3)", or None outside a prompt.
+    ``comfy_execution.utils.get_executing_context`` (every supported core) gives its id while
+    the node runs; its class comes from the running prompt (``PromptQueue.currently_running``:
+    items of (number, prompt_id, prompt, ...))."""
+    try:
+        from comfy_execution.utils import get_executing_context
+    except ImportError:
+        return None
+    ctx = get_executing_context()
+    if ctx is None:
+        return None
+    node_id = str(ctx.node_id)
+    class_type = None
+    try:
+        import server
+
+        running = server.PromptServer.instance.prompt_queue.currently_running
+        for item in list(running.values()):
+            if len(item) > 2 and item[1] == ctx.prompt_id:
+                class_type = item[2].get(node_id.split(".")[0], {}).get("class_type")
+    except (ImportError, AttributeError, TypeError):
+        pass  # a core without a server (tests, scripts): the id alone
+    return f"node {node_id} ({class_type})" if class_type else f"node {node_id}"

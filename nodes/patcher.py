@@ -11,7 +11,10 @@ overrides the loading verbs, no global monkeypatching. What ComfyUI sees:
 - LoRA and other weight patches are computed the way ComfyUI computes them (on the load device,
   in the dtype that core computes them in, with its rounding) and only then laid out, so a LoRA
   after Ferry gives the same output as without Ferry. A patch change lays the groups out again.
-- ``clone()`` keeps the class and the config, so every node after Ferry keeps the offload.
+- ``clone()`` keeps the class and the config, so every node after Ferry keeps the offload, also
+  where a pack's clone sets its own class back (ComfyUI-GGUF's does: seam/patcher_class.py). A
+  clone that loses Ferry anyway (a node that builds its patcher some other way) is said once
+  in the log, naming the node, when it samples (``[Note: a hold that says when it is lost]``).
 - Under dynamic VRAM (ComfyUI >= 0.15 on NVIDIA) Ferry drives the model's non-dynamic delegate
   (dynamic.py); vram_budget "auto" counts free what ComfyUI counts free, and Ferry's pinned
   slabs count in ComfyUI's pinned-memory budget (comfy_core.py).
@@ -31,6 +34,7 @@ from ..offload_core import ApiUseError, ConfigError, FerryError
 from ..offload_core.model.layout import module_nbytes
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
 from ..offload_core.units import fmt_bytes
+from ..seam.patcher_class import keep_ferry_class, with_ferry
 from . import comfy_core
 from .binding import OffloadBinding
 from .config import FerryConfig, NodeInputError, as_node_error
@@ -136,7 +140,7 @@ class FerryPatcherMixin:
 
     # -- ModelPatcher verbs ----------------------------------------------------------------
     def clone(self, *args: Any, **kwargs: Any) -> Any:
-        n = super().clone(*args, **kwargs)  # type: ignore[misc]
+        n = keep_ferry_class(super().clone(*args, **kwargs), FerryPatcherMixin)  # type: ignore[misc]
         n.ferry_config = self.ferry_config
         # Newer cores give a clone ``self.model_size()`` as its size, which for a Ferry patcher
         # is Ferry's device footprint, not the model's: keep the model's.
@@ -274,16 +278,51 @@ COMPILE_HELP = (
     "TorchCompileModel node (or the Ferry node) for this model."
 )
 
-_classes: dict[type, type] = {}
-
 
 def ferry_patcher_class(base: type) -> type:
     """``base`` with Ferry's loading in front; keeps another pack's subclass (e.g. GGUF's)."""
-    if issubclass(base, FerryPatcherMixin):
-        return base
-    if base not in _classes:
-        _classes[base] = type(f"Ferry{base.__name__}", (FerryPatcherMixin, base), {})
-    return _classes[base]
+    return with_ferry(FerryPatcherMixin, base)
+
+
+# [Note: a hold that says when it is lost]
+# Ferry holds a MODEL through its patcher's class, which Ferry's own clone keeps (a pack's
+# clone that sets its class back runs inside it). A node could still build a patcher Ferry's
+# clone never sees (copying the fields into a new object, or setting ``__class__`` after
+# cloning). What every core carries across any clone is the patcher's callbacks, wrappers and
+# attachments, whatever its class: so a Ferry patcher carries two callbacks. ON_CLONE notes on
+# each clone which node made it (the executing node then); ON_PRE_RUN, called on the patcher
+# that samples, finds a patcher that carries Ferry's callbacks without Ferry's class: Ferry
+# was dropped there, and the log says so once, naming the node that made that patcher. The
+# output is still right (the plain model runs); only the memory Ferry would have saved is not.
+HOLD_KEY = "ferry.hold"
+MADE_BY = "ferry_made_by"  # on a clone's __dict__ (survives a change of __class__)
+
+
+def _note_clone(src: Any, n: Any) -> None:
+    n.__dict__[MADE_BY] = comfy_core.executing_node() or src.__dict__.get(MADE_BY)
+
+
+def _check_held(patcher: Any) -> None:
+    if isinstance(patcher, FerryPatcherMixin):
+        return
+    node = patcher.__dict__.get(MADE_BY) or "a node after Ferry Offload Model"
+    say_once(
+        f"dropped:{node}",
+        DROPPED_HELP.format(node=node, cls=type(patcher).__name__),
+    )
+
+
+DROPPED_HELP = (
+    "Ferry Offload Model: {node} replaced the model's patcher with a {cls} that is not "
+    "Ferry's, so this model now runs WITHOUT Ferry's offload (the output is the same; the "
+    "memory is not saved). Put Ferry Offload Model after {node}, right before the sampler."
+)
+
+
+def hold(n: Any) -> None:
+    """Ferry's callbacks on a Ferry patcher (see the Note above)."""
+    n.add_callback_with_key(CallbacksMP.ON_CLONE, HOLD_KEY, _note_clone)
+    n.add_callback_with_key(CallbacksMP.ON_PRE_RUN, HOLD_KEY, _check_held)
 
 
 def _say_if_ram_cache_drops_models() -> None:
@@ -350,4 +389,6 @@ def ferry_clone(model: Any, config: FerryConfig) -> Any | None:
     n.parent = _anchor(model, src)
     if guard not in n.get_wrappers(WrappersMP.APPLY_MODEL, RECOVERY_KEY):
         n.add_wrapper_with_key(WrappersMP.APPLY_MODEL, RECOVERY_KEY, guard)
+    if _check_held not in n.get_callbacks(CallbacksMP.ON_PRE_RUN, HOLD_KEY):
+        hold(n)
     return n

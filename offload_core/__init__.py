@@ -22,6 +22,7 @@ from .errors import (
     GroupingError,
     InferenceOnlyError,
     RestoreIncompleteError,
+    UnsupportedTensorError,
     WeightsLostError,
 )
 from .loader import load_offloaded
@@ -69,6 +70,7 @@ __all__ = [
     "ProcessMemory",
     "RamTier",
     "RestoreIncompleteError",
+    "UnsupportedTensorError",
     "WeightsLostError",
     "apply_offload",
     "device_memory",

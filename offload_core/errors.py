@@ -44,6 +44,20 @@ class CorruptGroupFileError(FerryError):
     """A group file on disk is truncated, changed or corrupted; its bytes are not used."""
 
 
+class UnsupportedTensorError(FerryError):
+    """A layer holds a tensor Ferry cannot move bit-exact with its class and attributes kept;
+    found while planning, before anything moves."""
+
+    def __init__(self, layer: str, type_name: str, why: str) -> None:
+        super().__init__(
+            f"{layer}: Ferry cannot offload a {type_name} tensor: {why}. Load this model with a "
+            "loader whose weights are plain tensors, torchao tensors or GGUF (ComfyUI-GGUF), "
+            "or leave it resident (no Ferry offload)"
+        )
+        self.layer = layer
+        self.type_name = type_name
+
+
 class InferenceOnlyError(ApiUseError):
     """A forward ran with autograd on over parameters that require grad: Ferry's offload is
     for inference."""

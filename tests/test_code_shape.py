@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("offload_core", "nodes", "web", "webui")
+PACKAGES = ("offload_core", "nodes", "web", "webui", "seam")
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 50
 
@@ -68,3 +68,17 @@ def test_the_two_hosts_never_import_each_other() -> None:
             assert not bad, f"{path.relative_to(REPO)} imports {bad}"
     webui_imports = {m for p in (REPO / "webui").rglob("*.py") for m in _imports(p)}
     assert not any(m.split(".")[0] == "comfy" for m in webui_imports)
+
+
+#: What a host imports that the host-neutral layer must not (ComfyUI's, Forge's, Gradio).
+HOST_MODULES = {"comfy", "comfy_api", "comfy_execution", "folder_paths", "server", "modules",
+                "backend", "gradio", "nodes", "webui", "web"}  # fmt: skip
+
+
+def test_the_seam_imports_no_host() -> None:
+    """seam/ is what both hosts share: it imports offload_core and the standard library only."""
+    files = sorted((REPO / "seam").rglob("*.py"))
+    assert files
+    for path in files:
+        bad = [m for m in _imports(path) if m.lstrip(".").split(".")[0] in HOST_MODULES]
+        assert not bad, f"{path.relative_to(REPO)} imports {bad}"

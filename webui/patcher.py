@@ -30,6 +30,7 @@ from torch import nn
 
 from ..offload_core import ConfigError, FerryError
 from ..offload_core.model.layout import module_nbytes
+from ..seam.patcher_class import keep_ferry_class, with_ferry
 from .controls import ControlError, ForgeOffload, as_control_error
 from .layout import UnetLayout
 
@@ -65,8 +66,7 @@ class FerryPatcherMixin:
 
     # -- ModelPatcher verbs ----------------------------------------------------------------
     def clone(self, *args: Any, **kwargs: Any) -> Any:
-        n = super().clone(*args, **kwargs)  # type: ignore[misc]
-        n.__class__ = type(self)
+        n = keep_ferry_class(super().clone(*args, **kwargs), FerryPatcherMixin)  # type: ignore[misc]
         n.ferry_offload = self.ferry_offload
         n.ferry_refusal = self.ferry_refusal
         return n
@@ -137,16 +137,9 @@ class FerryPatcherMixin:
         super().refresh_loras()  # type: ignore[misc]
 
 
-_classes: dict[type, type] = {}
-
-
 def ferry_patcher_class(base: type) -> type:
     """``base`` (Forge's UnetPatcher, or a subclass) with Ferry's loading in front."""
-    if issubclass(base, FerryPatcherMixin):
-        return base
-    if base not in _classes:
-        _classes[base] = type(f"Ferry{base.__name__}", (FerryPatcherMixin, base), {})
-    return _classes[base]
+    return with_ferry(FerryPatcherMixin, base)
 
 
 def ferry_clone(unet: Any, offload: ForgeOffload | None, refusal: FerryError | None = None) -> Any:

@@ -6,6 +6,14 @@ copy. torchao tensors are stored as their inner plain tensors (qdata, scale, ...
 around views of the slab: ``param.data = x`` silently does nothing for a tensor subclass
 (the wrapper keeps pointing at its old inner tensors), so subclass parameters are swapped with
 ``torch.utils.swap_tensors`` and keep their identity.
+
+Any other tensor subclass (ComfyUI-GGUF's ``GGMLTensor``: a plain ``torch.Tensor`` subclass
+whose storage holds raw quantized blocks and whose Python attributes drive its dequantization)
+is moved as its storage's bytes, read through a plain view, never through what the subclass
+reports (``GGMLTensor.shape`` is the dequantized shape, not the bytes'). Its module keeps the
+same object (``.data =`` keeps a tensor's class and ``__dict__``), so the loader's per-forward
+code sees the same type with the same attributes. What cannot be moved that way is refused,
+naming the layer and the type, before anything moves (``unsupported_why``).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..errors import FerryError
+from ..errors import FerryError, UnsupportedTensorError
 
 #: Every tensor starts on a 64-byte boundary, as the allocator would place it: kernels pick
 #: their vectorised paths from the data pointer's alignment, so weights at 8-byte-aligned
@@ -39,7 +47,54 @@ def tensor_nbytes(t: torch.Tensor) -> int:
     if is_traceable_wrapper_subclass(t):
         names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
         return sum(tensor_nbytes(getattr(t, n)) for n in names)
-    return t.numel() * t.element_size()
+    p = plain_view(t)
+    return p.numel() * p.element_size()
+
+
+def plain_view(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s own bytes as a plain tensor (same storage, offset, sizes and strides): a plain
+    subclass may report a shape that is not its data's (GGMLTensor reports the dequantized
+    one), and what Ferry stores and copies are the bytes."""
+    if type(t) is torch.Tensor or type(t) is nn.Parameter:
+        return t
+    return t.as_subclass(torch.Tensor)
+
+
+def unsupported_why(t: torch.Tensor) -> str | None:
+    """Why ``t`` cannot be moved bit-exact with its class and attributes kept, or None.
+
+    Moved faithfully: a plain tensor; a traceable wrapper subclass (torchao: its inner tensors,
+    rebuilt with its own ``__tensor_unflatten__``); a plain subclass whose data is its one
+    strided storage (GGMLTensor), kept as the same object. Anything else would compute on
+    bytes Ferry did not move, or not compute at all."""
+    if t.layout != torch.strided:
+        return f"its layout is {t.layout} (Ferry moves strided tensors)"
+    if t.is_quantized:
+        return "it is a PyTorch-quantized tensor (its scales live outside its bytes)"
+    if getattr(t, "is_nested", False):
+        return "it is a nested tensor"
+    if is_traceable_wrapper_subclass(t) or type(t) is torch.Tensor or type(t) is nn.Parameter:
+        return None
+    dispatch = getattr(type(t), "__torch_dispatch__", None)
+    if getattr(dispatch, "__func__", dispatch) is not _BASE_DISPATCH:
+        # Its own dispatch decides what its storage means: without __tensor_flatten__ Ferry
+        # cannot see which tensors hold its data.
+        return "it overrides __torch_dispatch__ without __tensor_flatten__"
+    storage = t.untyped_storage().data_ptr()
+    for name, value in vars(t).items():
+        if (
+            isinstance(value, torch.Tensor)
+            and storage != 0
+            and value.untyped_storage().data_ptr() == storage
+        ):
+            # That attribute would keep pointing at the bytes Ferry moved away.
+            return f"its attribute {name!r} is a view of its own data"
+    return None
+
+
+_BASE_DISPATCH = getattr(
+    torch.Tensor.__torch_dispatch__, "__func__", torch.Tensor.__torch_dispatch__
+)
 
 
 def module_nbytes(module: nn.Module, on: torch.device | None = None) -> int:
@@ -95,9 +150,9 @@ def _non_overlapping_and_dense(size: tuple[int, ...], stride: tuple[int, ...]) -
 def _dense_stride(t: torch.Tensor) -> tuple[int, ...]:
     """Keeps a transposed weight transposed (kernels, and so results, depend on strides);
     anything overlapping or with gaps is stored contiguous."""
-    if t.numel() > 0 and _non_overlapping_and_dense(tuple(t.shape), tuple(t.stride())):
+    if t.numel() > 0 and _non_overlapping_and_dense(tuple(t.size()), tuple(t.stride())):
         return tuple(t.stride())
-    return _contiguous_stride(tuple(t.shape))
+    return _contiguous_stride(tuple(t.size()))
 
 
 @dataclass
@@ -129,7 +184,7 @@ class Entry:
 
     def inner_tensors(self, t: torch.Tensor) -> list[torch.Tensor]:
         if self.subclass is None:
-            return [t]
+            return [plain_view(t)]
         return [getattr(t, n) for n in self.inner_names]
 
     # -- building forms around a buffer ------------------------------------------------
@@ -186,6 +241,9 @@ def make_entry(module: nn.Module, attr: str, qualname: str, is_param: bool, offs
     table = module._parameters if is_param else module._buffers
     t = table[attr]
     assert t is not None
+    why = unsupported_why(t)
+    if why is not None:
+        raise UnsupportedTensorError(qualname, type(t).__name__, why)
     subclass: type | None = None
     ctx: Any = None
     names: tuple[str, ...] = ()
@@ -200,13 +258,13 @@ def make_entry(module: nn.Module, attr: str, qualname: str, is_param: bool, offs
                 "cannot be offloaded; keep this layer resident or quantize it differently"
             )
     else:
-        inner = [t]
+        inner = [plain_view(t)]
     parts = []
     for i in inner:
         offset = align_up(offset)
         nbytes = tensor_nbytes(i)
         stride = _dense_stride(i)
-        parts.append(Part(offset, nbytes, i.dtype, tuple(i.shape), stride))
+        parts.append(Part(offset, nbytes, i.dtype, tuple(i.size()), stride))
         offset += nbytes
     return Entry(
         module=module,
@@ -217,7 +275,7 @@ def make_entry(module: nn.Module, attr: str, qualname: str, is_param: bool, offs
         inner_names=names,
         subclass=subclass,
         ctx=ctx,
-        outer_size=tuple(t.shape),
+        outer_size=tuple(t.size()),
         outer_stride=tuple(t.stride()),
         requires_grad=bool(t.requires_grad),
         orig_device=t.device,

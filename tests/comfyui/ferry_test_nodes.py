@@ -32,20 +32,51 @@ from server import PromptServer
 class FerryTestConditioning:
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1})}}
+        return {
+            "required": {"seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1})},
+            # Wan reads 4096-wide text, HunyuanVideo a 768-wide pooled vector (optional: the
+            # SD3 workflows leave them out).
+            "optional": {
+                "context_dim": ("INT", {"default": 32, "min": 1, "max": 8192}),
+                "pooled_dim": ("INT", {"default": 32, "min": 1, "max": 8192}),
+            },
+        }
 
     RETURN_TYPES = ("CONDITIONING",)
     FUNCTION = "make"
     CATEGORY = "testing"
 
-    def make(self, seed):
+    def make(self, seed, context_dim=32, pooled_dim=32):
         g = torch.Generator().manual_seed(seed)
-        context = torch.randn(1, 8, 32, generator=g)
-        pooled = torch.randn(1, 32, generator=g)
+        context = torch.randn(1, 8, context_dim, generator=g)
+        pooled = torch.randn(1, pooled_dim, generator=g)
         return ([[context, {"pooled_output": pooled}]],)
 
 
-NODE_CLASS_MAPPINGS = {"FerryTestConditioning": FerryTestConditioning}
+class FerryTestPlainClone:
+    """A node of a pack that hands on a clone of core's own patcher class, whatever class its
+    input had (a pack that builds its patcher after cloning): Ferry's hold is lost here."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",)}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "plain"
+    CATEGORY = "testing"
+
+    def plain(self, model):
+        import comfy.model_patcher
+
+        n = model.clone()
+        n.__class__ = comfy.model_patcher.ModelPatcher
+        return (n,)
+
+
+NODE_CLASS_MAPPINGS = {
+    "FerryTestConditioning": FerryTestConditioning,
+    "FerryTestPlainClone": FerryTestPlainClone,
+}
 
 # -- fault injection -------------------------------------------------------------------------
 _lock = threading.Lock()

@@ -23,8 +23,12 @@ def graph(
     loader: tuple[str, dict[str, Any]] | None = None,
     seed: int = 7,
     steps: int = 3,
+    latent: tuple[str, dict[str, Any]] | None = None,
+    cond: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Loader -> each (class_type, inputs) of model_chain in turn -> KSampler -> SaveLatent."""
+    """Loader -> each (class_type, inputs) of model_chain in turn -> KSampler -> SaveLatent.
+    ``latent``: the empty-latent node (default: a 128 x 128 SD3 latent); ``cond``: more inputs
+    for the test conditioning (its context and pooled widths)."""
     cls, inputs = loader or ("UNETLoader", {"unet_name": MODEL_FILE, "weight_dtype": "default"})
     g: dict[str, Any] = {"1": {"class_type": cls, "inputs": inputs}}
     prev = ["1", 0]
@@ -32,12 +36,10 @@ def graph(
         nid = str(10 + i)
         g[nid] = {"class_type": cls, "inputs": {"model": prev, **inputs}}
         prev = [nid, 0]
-    g["2"] = {"class_type": "FerryTestConditioning", "inputs": {"seed": 1}}
-    g["3"] = {"class_type": "FerryTestConditioning", "inputs": {"seed": 2}}
-    g["4"] = {
-        "class_type": "EmptySD3LatentImage",
-        "inputs": {"width": 128, "height": 128, "batch_size": 1},
-    }
+    g["2"] = {"class_type": "FerryTestConditioning", "inputs": {"seed": 1, **(cond or {})}}
+    g["3"] = {"class_type": "FerryTestConditioning", "inputs": {"seed": 2, **(cond or {})}}
+    cls, inputs = latent or ("EmptySD3LatentImage", {"width": 128, "height": 128, "batch_size": 1})
+    g["4"] = {"class_type": cls, "inputs": inputs}
     g["5"] = {
         "class_type": "KSampler",
         "inputs": {

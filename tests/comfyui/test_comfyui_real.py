@@ -142,6 +142,24 @@ def test_lora_after_ferry_gives_the_same_latent(
     )
 
 
+def test_a_node_that_drops_ferry_is_said_once_by_name(
+    client: Client, server: Any, reference: torch.Tensor
+) -> None:
+    """A node whose patcher is not Ferry's any more: the run is right and plain, and the log
+    says so, naming the node (patcher.py, [Note: a hold that says when it is lost])."""
+    g = graph([ferry(tier="ram"), ("FerryTestPlainClone", {})], "dropped", seed=31)
+    assert torch.equal(run_ok(client, server, g), reference_for(client, server, 31))
+    log = server.log.read_text(errors="replace")
+    assert "node 11 (FerryTestPlainClone) replaced the model's patcher" in log, server.log_tail()
+    assert "WITHOUT Ferry" in log
+    run_ok(client, server, graph([ferry(tier="ram"), ("FerryTestPlainClone", {})], "d2", seed=32))
+    assert server.log.read_text(errors="replace").count("WITHOUT Ferry") == 1, "said once"
+
+
+def reference_for(client: Client, server: Any, seed: int) -> torch.Tensor:
+    return run_ok(client, server, graph([], f"plain-{seed}", seed=seed))
+
+
 def test_unloading_models_releases_ferry(client: Client, server: Any) -> None:
     run_ok(client, server, graph([ferry(tier="pinned")], "to-free"))
     assert len(live(client)) == 1
