@@ -16,6 +16,7 @@ from comfy_api.latest import io, ui
 from ..offload_core import ConfigError, DiskTier
 from ..offload_core.policy import DEFAULT_HEADROOM_GB
 from ..offload_core.tools.settings_file import default_settings_path, load_settings
+from ..seam.model_files import gguf_file_of
 from .config import (
     FerryConfig,
     NodeInputError,
@@ -142,7 +143,10 @@ class FerryOffloadModel(io.ComfyNode):
         config = FerryConfig(policy, name=_model_name(model))
         if not getattr(model, "patches", None):
             # Weights as in their file: the disk tier may read groups from it, not write copies.
-            config = config.with_source_checkpoint(getattr(model, "ferry_source_checkpoint", None))
+            source = getattr(model, "ferry_source_checkpoint", None)
+            if source is None and hasattr(getattr(model, "model", None), "diffusion_model"):
+                source = gguf_file_of(model.model.diffusion_model)  # UnetLoaderGGUF's file
+            config = config.with_source_checkpoint(source)
         out = ferry_clone(model, config)
         if out is None:  # left to ComfyUI's dynamic VRAM; the log says why, once, with the flag
             return io.NodeOutput(model, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACK_DIRS = ["offload_core", "nodes", "web", "webui", "scripts", "tools"]
+PACK_DIRS = ["offload_core", "nodes", "web", "webui", "scripts", "tools", "seam"]
 # files.py chooses between the two by whether os.preadv exists.
 BACKENDS = {REPO / f"offload_core/disk/{n}.py" for n in ("posix", "portable", "files")}
 OS_CALLS = {"preadv", "pread", "pwritev", "pwrite", "O_DIRECT", "posix_fadvise", "kill"}

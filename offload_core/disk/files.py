@@ -74,6 +74,12 @@ class FileBackend(Protocol):
         reads them again from the file). Only where ``maps_groups``."""
         ...
 
+    def mapped_file(self, address: int) -> Path | None:
+        """The file whose mapping in this process holds ``address`` (a loader's weights
+        that are views of the file it mapped: ComfyUI-GGUF's); None for other memory, or
+        where the platform cannot say."""
+        ...
+
 
 _chosen: list[FileBackend] = []
 

@@ -85,6 +85,9 @@ class PortableFiles:
     def drop_pages(self, mapping: mmap.mmap, length: int) -> None:
         raise NotImplementedError("mapped groups are not offered here (maps_groups is False)")
 
+    def mapped_file(self, address: int) -> Path | None:
+        return None  # no /proc/self/maps: the disk tier writes the groups instead
+
     def _lock(self, fd: int) -> threading.Lock:
         lock = self._locks.get(fd)
         if lock is None:

@@ -117,15 +117,22 @@ def read_header(path: str | os.PathLike[str]) -> Header:
 
 def read_checkpoint_header(path: str | os.PathLike[str], setting: str = "checkpoint") -> Header:
     """The one way a user's checkpoint is opened (sources/checkpoint.py: CheckpointIndex):
-    ``read_header`` with every problem a ConfigError naming ``setting``."""
+    ``read_header`` with every problem a ConfigError naming ``setting``. A GGUF file (by its
+    magic) is indexed by formats/gguf.py the same way: its tensors are verbatim too."""
     if not os.path.isfile(path):
-        raise ConfigError(setting, f"{os.fspath(path)!r} is not a file; choose a .safetensors file")
+        raise ConfigError(
+            setting, f"{os.fspath(path)!r} is not a file; choose a .safetensors or .gguf file"
+        )
+    from .gguf import is_gguf, read_gguf_header  # gguf builds on this module's types
+
+    gguf = is_gguf(path)
     try:
-        return read_header(path)
+        return read_gguf_header(path) if gguf else read_header(path)
     except (HeaderError, OSError) as e:
         name = os.path.basename(os.fspath(path))
+        kind = "GGUF" if gguf else "safetensors"
         raise ConfigError(
-            setting, f"{name} cannot be read as safetensors ({e}); choose another file"
+            setting, f"{name} cannot be read as {kind} ({e}); choose another file"
         ) from None
 
 

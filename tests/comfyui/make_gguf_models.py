@@ -5,6 +5,11 @@ Run with ComfyUI's Python (the networks are core's own classes, so the keys are 
 model detection and ComfyUI-GGUF's loader expect; that venv has the ``gguf`` package):
 
     python make_gguf_models.py <comfyui checkout> <models dir>
+    python make_gguf_models.py <comfyui checkout> <models dir> --big <layers>
+
+``--big`` writes one Wan 2.1 model of ``layers`` 1024-wide blocks in Q8_0 instead
+(``ferry-big-wan-q8_0.gguf``: 18 MB a block), built on the meta device and filled one tensor at
+a time, for the memory-limit test: its weights are never whole in RAM as floats.
 
 Each model in two files (``diffusion_models/ferry-tiny-<arch>-<mix>.gguf``):
 - ``q8_0``: every 2-D weight whose rows are whole Q8_0 blocks (32 values) in Q8_0, the rest F32;
@@ -36,6 +41,42 @@ def _wan(comfy_ops):
         model_type="t2v", patch_size=(1, 2, 2), in_dim=16, dim=128, ffn_dim=256, freq_dim=256,
         text_dim=4096, out_dim=16, num_heads=1, num_layers=3, operations=comfy_ops,
     )  # fmt: skip
+
+
+def _big_wan(comfy_ops, layers: int):
+    from comfy.ldm.wan.model import WanModel
+
+    return WanModel(
+        model_type="t2v", patch_size=(1, 2, 2), in_dim=16, dim=1024, ffn_dim=4096, freq_dim=256,
+        text_dim=4096, out_dim=16, num_heads=8, num_layers=layers, operations=comfy_ops,
+        device="meta",
+    )  # fmt: skip
+
+
+def write_big(models_dir: str, layers: int) -> None:
+    import comfy.ops
+    import gguf
+    import torch
+
+    net = _big_wan(comfy.ops.disable_weight_init, layers)
+    dm = Path(models_dir) / "diffusion_models"
+    dm.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(dm / "ferry-big-wan-q8_0.gguf"), arch="wan")
+    g = torch.Generator().manual_seed(0)
+    shapes = {k: t.shape for k, t in net.state_dict().items()}  # meta: shapes only
+    for i, (name, shape) in enumerate(shapes.items()):
+        t = torch.randn(shape, generator=g) * (0.02 if len(shape) > 1 else 0.1)
+        qtype, arr, orig = _kinds(name, t, "q8_0", gguf)  # quantized now: floats never pile up
+        if orig is not None:
+            writer.add_array(f"comfy.gguf.orig_shape.{name}", orig)
+        writer.add_tensor(name, arr, raw_dtype=qtype)
+        if i % 100 == 0:
+            print(f"  {i}/{len(shapes)} tensors", flush=True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    print(f"wrote ferry-big-wan-q8_0.gguf ({layers} blocks)")
 
 
 def _hunyuan(comfy_ops):
@@ -119,7 +160,7 @@ def write_lora(path: Path, sd, rank: int = 4) -> None:
     save_file(out, str(path))
 
 
-def main(comfy_dir: str, models_dir: str) -> None:
+def main(comfy_dir: str, models_dir: str, big_layers: int = 0) -> None:
     sys.path.insert(0, comfy_dir)
     os.chdir(comfy_dir)
     import comfy.cli_args
@@ -127,6 +168,10 @@ def main(comfy_dir: str, models_dir: str) -> None:
 
     comfy.cli_args.args.cpu = True  # before comfy.model_management: no CUDA probe
     import comfy.ops
+
+    if big_layers:
+        write_big(models_dir, big_layers)
+        return
 
     dm = Path(models_dir) / "diffusion_models"
     loras = Path(models_dir) / "loras"
@@ -148,4 +193,5 @@ def main(comfy_dir: str, models_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    big = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[3] == "--big" else 0
+    main(sys.argv[1], sys.argv[2], big)
