@@ -30,6 +30,49 @@ def _quantize(model: nn.Module, quant: str) -> None:
     quantize_(model, config, filter_fn=in_blocks)
 
 
+def torchao_quantize(model: nn.Module, preset: str) -> None:
+    """The reference quantization: torchao's own ``quantize_`` over the whole model, with the
+    config each preset names and the layers Ferry's default rule picks, spelled out here: the
+    Linears inside the block lists (the demo DiT's double_blocks and single_blocks, or a
+    model's ``blocks``) with at least 128 x 128 weights (none of those is named *norm* or
+    *embed*)."""
+    if preset == "none":
+        return
+    from torchao.quantization import (
+        Float8WeightOnlyConfig,
+        Int8DynamicActivationInt8WeightConfig,
+        Int8WeightOnlyConfig,
+        quantize_,
+    )
+
+    config = {
+        "int8-weight": Int8WeightOnlyConfig,
+        "int8-dynamic": Int8DynamicActivationInt8WeightConfig,
+        "float8-weight": Float8WeightOnlyConfig,
+    }[preset]()
+
+    def in_blocks(module: nn.Module, fqn: str) -> bool:
+        return (
+            isinstance(module, nn.Linear)
+            and fqn.split(".")[0] in ("double_blocks", "single_blocks", "blocks")
+            and module.weight.numel() >= 128 * 128
+        )
+
+    quantize_(model, config, filter_fn=in_blocks)
+
+
+def same_weights(got: nn.Module, want: nn.Module) -> None:
+    """Every tensor of ``got`` is ``want``'s: the same class, and equal inner tensors."""
+    a, b = got.state_dict(), want.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert type(a[k]) is type(b[k]), k
+        names = a[k].__tensor_flatten__()[0] if hasattr(a[k], "__tensor_flatten__") else [None]
+        for n in names:
+            x, y = (a[k], b[k]) if n is None else (getattr(a[k], n), getattr(b[k], n))
+            assert x.dtype == y.dtype and torch.equal(x, y), (k, n)
+
+
 @functools.cache
 def _reference(dtype: str, quant: str) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     model = make_model(dtype, quant, cached=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from offload_core import (
@@ -92,7 +93,51 @@ def test_leaf_order_is_traced_then_predicted():
         model(**x)
     st = handle.stats()
     handle.remove()
+    # The first guess is registration order, and the demo model runs leaves in another one
+    # (time_in before img_in, both streams' qkv before either proj): the traced forward has
+    # loads nothing predicted, and the counter must have seen them.
+    assert first > 0, "the traced forward loaded groups out of registration order"
     assert st.on_demand_loads == first, "after the traced forward every load is predicted"
+
+
+class Reordered(nn.Module):
+    """Four equal Linear leaves run in ``self.order`` (registration order until a test changes
+    it): which loads are predicted can be written down from the order alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(11)
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+        self.order = [0, 1, 2, 3]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in self.order:
+            x = torch.tanh(self.layers[i](x))
+        return x
+
+
+def test_on_demand_loads_count_each_unpredicted_load():
+    """A load is predicted when its group follows the previous one in the traced order (the
+    first group follows the last, as the window wraps into the next forward); every other
+    load is started on demand and counted once."""
+    model = Reordered().requires_grad_(False)
+    x = torch.randn(2, 16, generator=torch.Generator().manual_seed(12))
+    handle = apply_offload(
+        model, OffloadPolicy(level=LeafLevel(), tier=RamTier()), onload_device="cpu"
+    )
+    loads = []
+    with torch.no_grad():
+        for order in ([0, 1, 2, 3], [0, 1, 2, 3], [0, 2, 1, 3], [0, 2, 1, 3], [3, 2, 1, 0]):
+            model.order = order
+            model(x)
+            loads.append(handle.stats().on_demand_loads)
+    handle.remove()
+    # Registration order is the first guess: nothing unpredicted. [0, 2, 1, 3] against the
+    # traced [0, 1, 2, 3]: 2 (after 0, 1 was next), 1 (after 2, 3 was next) and 3 (after 1, 2
+    # was next) are not; then it is the traced order. [3, 2, 1, 0] against [0, 2, 1, 3]: 3
+    # (the window wrapped to 0), 2 (after 3, 0 was next) and 0 (after 1, 3 was next) are not;
+    # 1 follows 2 in the traced order.
+    assert loads == [0, 0, 3, 3, 3 + 3]
 
 
 @pytest.mark.parametrize("tier", ["ram", "pinned", "disk", "disk-copy"])

@@ -70,6 +70,10 @@ def owner() -> Owner:
 X = torch.randn(2, 8, generator=torch.Generator().manual_seed(1))
 
 
+def _nbytes(*modules: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+
 def test_binding_lives_on_the_shared_owner(owner: Owner) -> None:
     b = OffloadBinding.of(owner, owner.diffusion_model)
     assert OffloadBinding.of(owner, owner.diffusion_model) is b
@@ -89,7 +93,14 @@ def test_ensure_offloads_exactly_and_release_restores(
     calls = []
     assert b.ensure(c, "cpu", None, lambda: calls.append(1)) is True
     assert b.live and b.serves(c, "cpu") and calls == [1]
-    assert b.device_bytes() == b.handle.plan.device_bytes > 0
+    # From Net's own parameters: inp and out (outside the block list) stay on the device,
+    # and the blocks stream two to a group through depth + 1 = 2 slots of one group's slab
+    # (its tensors are multiples of 64 bytes, so packed without gaps, then rounded up to
+    # whole 4 KiB pages).
+    outside = _nbytes(net.inp, net.out)
+    slot = -(-_nbytes(net.blocks[0], net.blocks[1]) // 4096) * 4096
+    assert (outside, slot) == (576 + 544, 8192)
+    assert b.device_bytes() == outside + 2 * slot
     with torch.no_grad():
         assert torch.equal(net(X), ref)
     assert b.handle.stats().forwards == 1

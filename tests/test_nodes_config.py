@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PACK_NAME, load_pack
+from tests.helpers import tmpfs
 
 load_pack()
 config = importlib.import_module(f"{PACK_NAME}.nodes.config")
@@ -127,7 +128,7 @@ def test_disk_folder_checks(tmp_path: Path) -> None:
         config.check_disk_folder(str(tmp_path), need_bytes=1 << 60)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere: the mount case runs")
 def test_read_only_folder_is_refused(tmp_path: Path) -> None:
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -137,6 +138,15 @@ def test_read_only_folder_is_refused(tmp_path: Path) -> None:
             config.check_disk_folder(str(ro / "x"))
     finally:
         ro.chmod(0o700)
+
+
+def test_read_only_mount_is_refused_even_to_root(tmp_path: Path) -> None:
+    # Root (as CI runs) writes through a folder's mode bits, not onto a read-only mount.
+    with tmpfs(tmp_path / "ro", "1m", readonly=True) as ro:
+        for path in (ro, ro / "x"):
+            with pytest.raises(config.NodeInputError, match="not writable") as info:
+                config.check_disk_folder(str(path))
+            assert info.value.input_name == "disk_path"
 
 
 def test_source_checkpoint_only_for_the_disk_tier(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from offload_core.errors import ConfigError
 from offload_core.quant import cache as cache_mod
 from offload_core.quant import load_quantized, quantize_model
 from offload_core.tools.demo_model import DemoDiT, demo_inputs
-from tests.helpers import tmpfs
+from tests.helpers import same_weights, tmpfs, torchao_quantize
 
 CPU_QUANT = ["int8-weight", "int8-dynamic", "float8-weight"]
 SHAPE = (128, 2, 2, 4)  # dim, heads, double blocks, single blocks: ~9 MB in fp32
@@ -47,12 +47,12 @@ def checkpoint(tmp_path: Path) -> Path:
     return path
 
 
-def _resident(path: Path, preset: str, dtype: torch.dtype = torch.float32, **kw) -> nn.Module:  # type: ignore[no-untyped-def]
-    """The reference: the whole full-precision model in RAM, then quantized in place."""
+def _resident(path: Path, preset: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The reference: the whole full-precision model in RAM, then quantized by torchao."""
     model = DemoDiT(*SHAPE).eval().requires_grad_(False)
     model.load_state_dict(load_file(str(path)))
     model = model.to(dtype)
-    quantize_model(model, preset, **kw)
+    torchao_quantize(model, preset)
     return model
 
 
@@ -66,7 +66,9 @@ def test_streaming_load_equals_quantizing_the_resident_model(checkpoint: Path, p
     model, report = load_quantized(checkpoint, _build(), preset)
     assert report.cache == "off"
     assert not any(t.is_meta for t in (*model.parameters(), *model.buffers()))
-    assert torch.equal(_out(model), _out(_resident(checkpoint, preset)))
+    ref = _resident(checkpoint, preset)
+    same_weights(model, ref)
+    assert torch.equal(_out(model), _out(ref))
     if preset != "none":
         assert len(report.quantized) > 10
         assert report.bytes_after < report.bytes_before * 0.6
@@ -112,7 +114,9 @@ def test_a_layer_torchao_declines_stays_full_precision_and_intact(
 def test_checkpoint_dtype_is_converted_to_the_models(checkpoint: Path) -> None:
     model, _ = load_quantized(checkpoint, _build(torch.bfloat16), "int8-weight")
     assert model.img_in.weight.dtype == torch.bfloat16
-    assert torch.equal(_out(model), _out(_resident(checkpoint, "int8-weight", torch.bfloat16)))
+    ref = _resident(checkpoint, "int8-weight", torch.bfloat16)
+    same_weights(model, ref)
+    assert torch.equal(_out(model), _out(ref))
 
 
 @pytest.mark.parametrize("preset", CPU_QUANT)
@@ -353,7 +357,7 @@ def test_tied_weights_stay_tied_through_load_and_cache(tmp_path: Path) -> None:
     path = tmp_path / "tied.safetensors"
     save_model(full, str(path))  # writes the shared weight under one of its two names
     ids = torch.arange(32).view(2, 16)
-    quantize_model(full, "int8-weight")
+    torchao_quantize(full, "int8-weight")  # the blocks; the tied head is outside them
     with torch.no_grad():
         want = full(ids)
     for expected in ("miss", "hit"):

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from offload_core.errors import FerryError
 from offload_core.runtime.schedule import WINDOW_PER_DEPTH, Phase, Planned, Schedule
 from offload_core.units import PAGE
 
@@ -131,7 +132,7 @@ def test_a_group_outside_the_order_stops_prefetching_until_the_next_forward():
 def test_begin_forward_refuses_an_unfinished_forward():
     s = Schedule(2, 1)
     s.begin_forward()
-    with pytest.raises(AssertionError):
+    with pytest.raises(FerryError, match="a forward began while the previous one was unfinished"):
         s.begin_forward()
 
 

@@ -1,6 +1,6 @@
 """load_offloaded(quantize=...) (issue 11): torchao presets group by group into the tiers.
 
-The output equals ``load_quantized``'s resident model exactly (same cast, same quantization);
+The output equals the checkpoint read whole and quantized by torchao's ``quantize_``;
 on the disk tier each group holding a quantized weight is written to Ferry's group file and
 the others keep reading the checkpoint; a baked change (a LoRA) is applied before quantizing;
 a bad preset or skip list is refused before any weight moves.
@@ -18,9 +18,9 @@ from torch import nn
 
 from offload_core import BlockLevel, ConfigError, DiskTier, LeafLevel, OffloadPolicy, RamTier
 from offload_core.loader import load_offloaded
-from offload_core.quant import load_quantized
 from offload_core.quant.selection import is_quantized
 from offload_core.tools.demo_model import DemoDiT, build_demo_model, demo_inputs
+from tests.helpers import torchao_quantize
 
 pytest.importorskip("torchao")
 
@@ -50,14 +50,14 @@ def _run(model: nn.Module, ref: nn.Module) -> torch.Tensor:
         return model(**inputs)  # type: ignore[no-any-return]
 
 
-def _resident(path: Path, stored: DemoDiT, preset: str, **kw) -> nn.Module:  # type: ignore[no-untyped-def]
-    # load_quantized's keys carry no prefix: the reference reads a copy without it.
-    plain = path.with_name("plain.safetensors")
-    if not plain.exists():
-        from safetensors.torch import load_file
+def _resident(path: Path, stored: DemoDiT, preset: str) -> nn.Module:
+    """The reference: the checkpoint read whole into the model, quantized by torchao's own
+    ``quantize_`` (tests/helpers.py: torchao_quantize)."""
+    from safetensors.torch import load_file
 
-        save_file({k.removeprefix(PREFIX): v for k, v in load_file(str(path)).items()}, str(plain))
-    model, _ = load_quantized(plain, _builder(stored), preset, **kw)
+    model = _builder(stored)(torch.device("cpu"))
+    model.load_state_dict({k.removeprefix(PREFIX): v for k, v in load_file(str(path)).items()})
+    torchao_quantize(model, preset)
     return model
 
 
@@ -72,7 +72,7 @@ CASES = [
 @pytest.mark.parametrize(
     ("preset", "tier", "level"), CASES, ids=[f"{p}-{t}-{type(lv).__name__}" for p, t, lv in CASES]
 )
-def test_equal_to_load_quantized(stored, preset, tier, level, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_equal_to_torchao_on_the_whole_model(stored, preset, tier, level, tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = _save(stored, tmp_path / "m.safetensors")
     ref = _resident(path, stored, preset)
     expected = _run(ref, ref)

@@ -18,6 +18,11 @@ Ferry's patcher meets:
   then its own CPU swap moves the returned module's submodules), then ``refresh_loras()``;
   an exception unpatches to the offload device and unloads. ``free_memory``/
   ``unload_all_models`` unload with ``forge_unpatch_model(offload_device)``.
+- Its accounting: a model is sized by its parameters on and off its load device
+  (``module_size``; the patcher's ``model_size()`` plays no part), a GPU frees 1.3x what is
+  still to come plus a quarter of what is there, least recently loaded models first, and a
+  model still short of room is swapped with the budget Forge computes; a CPU load device frees
+  nothing and never swaps (tests/test_webui_standins.py).
 - A generation: ``forge_objects`` is reset to the LoRA'd patcher, always-visible scripts'
   ``process_before_every_sampling`` runs (errors reported and swallowed, as Forge does),
   then the sampler loads the UNet through ``load_models_gpu`` and runs it.
@@ -29,9 +34,12 @@ forward runs each block module, as Forge's IntegratedUNet2DConditionModel does.
 from __future__ import annotations
 
 import copy
+import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
 import torch
 from torch import nn
 
@@ -154,9 +162,11 @@ class ModelPatcher:
         self.current_device = offload_device if current_device is None else current_device
 
     def model_size(self) -> int:
+        # Called from __init__ only (before load_device is set); nothing in Forge reads
+        # ``size`` but clone(), which passes it on.
         if self.size > 0:
             return self.size
-        self.size = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.size = module_size(self.model)
         return self.size
 
     def clone(self) -> ModelPatcher:
@@ -224,17 +234,53 @@ class UnetPatcher(ModelPatcher):
 
 
 # ---- the memory manager (backend/memory_management.py) -----------------------------------
+GIB = 1 << 30
+
+
+def module_size(
+    module: nn.Module,
+    exclude_device: torch.device | None = None,
+    include_device: torch.device | None = None,
+) -> int:
+    """memory_management.py ``module_size``: the bytes of a module's parameters (not its
+    buffers), only those on ``include_device`` / not on ``exclude_device``. (Forge counts a
+    bitsandbytes NF4/FP4 element as 0.55 or 1.1 bytes; no bnb here.)"""
+    return sum(
+        p.data.numel() * p.data.element_size()
+        for p in module.parameters()
+        if (exclude_device is None or p.device != exclude_device)
+        and (include_device is None or p.device == include_device)
+    )
+
+
+def compute_model_gpu_memory_when_using_cpu_swap(free: int, inference: int) -> int:
+    """memory_management.py, same name: what a swapped model may keep on the GPU, the larger
+    of 1/1.3 of what inference leaves free and that less 1.25 GiB."""
+    available = free - inference
+    return int(max(0, max(available / 1.3, available - 1.25 * GIB)))
+
+
 @dataclass
 class LoadedModel:
     model: Any
     real_model: Any = None
-    swapped: list[nn.Module] = field(default_factory=list)
+    inclusive_memory: int = 0  # the model's bytes already on its load device
+    exclusive_memory: int = 0  # and elsewhere
+    swap_budget: int = -1  # what model_load was given (stand-in bookkeeping)
+    moved: list[nn.Module] = field(default_factory=list)  # what Forge's swap moved itself
 
     @property
     def device(self) -> torch.device:
         return self.model.load_device
 
+    def compute_inclusive_exclusive_memory(self) -> None:
+        # LoadedModel.compute_inclusive_exclusive_memory: sized by where the KModel's
+        # parameters are now, never by the patcher's model_size().
+        self.inclusive_memory = module_size(self.model.model, include_device=self.device)
+        self.exclusive_memory = module_size(self.model.model, exclude_device=self.device)
+
     def model_load(self, cpu_swap_budget: int = -1) -> None:
+        self.swap_budget = cpu_swap_budget
         no_swap = cpu_swap_budget < 0
         try:
             self.real_model = self.model.forge_patch_model(self.device if no_swap else None)
@@ -244,11 +290,18 @@ class LoadedModel:
             self.model_unload()
             raise
         if not no_swap:
-            # Forge's CPU swap: it moves the returned module's weight-holding submodules.
+            # LoadedModel.model_load's CPU swap, over build_module_profile's split of the
+            # returned module: a module of Forge's own ops (``parameters_manual_cast``) may
+            # wait on the offload device and be cast per forward, within the budget; any other
+            # module holding a weight goes to the GPU whole. (Which Forge op stays within the
+            # budget is not modelled: a Ferry UNet hands Forge no module either way.)
             for m in self.real_model.modules():
-                if hasattr(m, "weight"):
+                if hasattr(m, "parameters_manual_cast"):
                     m.to(self.model.offload_device)
-                    self.swapped.append(m)
+                    self.moved.append(m)
+                elif hasattr(m, "weight"):
+                    m.to(self.device)
+                    self.moved.append(m)
         self.model.refresh_loras()
 
     def model_unload(self, avoid_model_moving: bool = False) -> None:
@@ -262,38 +315,104 @@ class LoadedModel:
 
 
 class MemoryManager:
-    def __init__(self) -> None:
+    """Forge's model list and its accounting.
+
+    ``gpu``: the device that plays the GPU, of ``vram`` bytes; None: a CPU-only Forge
+    (``--always-cpu``, as tests/forge runs it: VRAM state DISABLED, nothing is ever freed or
+    swapped for a model loading to the CPU). Forge reads a GPU's free memory from the driver;
+    here it is ``vram`` less the parameters on that device of every model this manager has
+    loaded (Ferry's slots, which are no parameters, are not counted). CI has no GPU: its tests
+    give the meta device that part, for models that never run.
+    """
+
+    def __init__(
+        self, gpu: torch.device | None = None, vram: int = 0, inference_memory: int = GIB
+    ) -> None:
         self.current_loaded_models: list[LoadedModel] = []
-        self.cpu_swap_budget = -1  # >= 0: what Forge computes when VRAM is short
+        self.gpu, self.vram = gpu, vram
+        # current_inference_memory: 1 GiB unless the UI's GPU Weights slider changes it.
+        self.inference_memory = inference_memory
+        self.seen: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+    def get_free_memory(self, device: torch.device) -> int:
+        if device != self.gpu:
+            return int(psutil.virtual_memory().available)  # get_free_memory: the CPU's RAM
+        return self.vram - sum(module_size(m, include_device=device) for m in self.seen)
 
     def unload_model_clones(self, model: Any) -> None:
+        # unload_model_clones: every loaded patcher of the same KModel, without moving it.
         found = [i for i, lm in enumerate(self.current_loaded_models) if model.is_clone(lm.model)]
         for i in reversed(found):
             self.current_loaded_models.pop(i).model_unload(avoid_model_moving=True)
 
-    def load_models_gpu(self, models: list[Any]) -> None:
-        to_load = []
+    def load_models_gpu(self, models: list[Any], memory_required: int = 0) -> None:
+        inference = self.inference_memory
+        memory_to_free = max(inference, memory_required)
+        to_load, already = [], []
         for m in models:
             lm = LoadedModel(m)
-            if lm in self.current_loaded_models:
+            if lm in self.current_loaded_models:  # patchers compare by identity
                 i = self.current_loaded_models.index(lm)
                 self.current_loaded_models.insert(0, self.current_loaded_models.pop(i))
+                already.append(lm)
             else:
                 to_load.append(lm)
+        if not to_load:
+            for d in {lm.device for lm in already}:
+                if d != CPU:
+                    self.free_memory(memory_to_free, d, already)
+            return
         for lm in to_load:
             self.unload_model_clones(lm.model)
+        # load_models_gpu: each device must free 1.3 x (the bytes still to come there + a
+        # quarter of those already there) + the inference memory; the CPU frees nothing.
+        required: dict[torch.device, float] = {}
         for lm in to_load:
-            lm.model_load(self.cpu_swap_budget)
+            lm.compute_inclusive_exclusive_memory()
+            required[lm.device] = (
+                required.get(lm.device, 0) + lm.exclusive_memory + lm.inclusive_memory * 0.25
+            )
+        for d, need in required.items():
+            if d != CPU:
+                self.free_memory(need * 1.3 + memory_to_free, d, already)
+        for lm in to_load:
+            budget = -1
+            if lm.device != CPU:  # a CPU load device: VRAMState.DISABLED, no swap
+                free = self.get_free_memory(lm.device)
+                if free - lm.exclusive_memory - inference < 0:
+                    # Too little room: the CPU swap, keeping on the GPU what
+                    # compute_model_gpu_memory_when_using_cpu_swap allows, or exactly what
+                    # is there already.
+                    budget = compute_model_gpu_memory_when_using_cpu_swap(free, inference)
+                    if lm.inclusive_memory > 0:
+                        budget = lm.inclusive_memory
+            self.seen.add(lm.model.model)
+            lm.model_load(budget)
             self.current_loaded_models.insert(0, lm)
 
-    def free_memory(self, device: torch.device, keep_loaded: list[Any] = ()) -> None:  # type: ignore[assignment]
+    def free_memory(
+        self, memory_required: float, device: torch.device, keep_loaded: list[Any] = (),  # type: ignore[assignment]
+        free_all: bool = False,
+    ) -> None:  # fmt: skip
+        # free_memory: first every patcher nothing but this list holds any more (abandoned),
+        # unloaded without moving it ...
         for i in range(len(self.current_loaded_models) - 1, -1, -1):
+            if sys.getrefcount(self.current_loaded_models[i].model) <= 2:
+                self.current_loaded_models.pop(i).model_unload(avoid_model_moving=True)
+        if free_all:
+            memory_required = 1e30
+        # ... then, least recently loaded first, every model on that device not in
+        # keep_loaded, until the device has more than memory_required free.
+        for i in range(len(self.current_loaded_models) - 1, -1, -1):
+            if self.get_free_memory(device) > memory_required:
+                break
             lm = self.current_loaded_models[i]
             if lm.device == device and lm not in keep_loaded:
                 self.current_loaded_models.pop(i).model_unload()
 
     def unload_all_models(self) -> None:
-        self.free_memory(CPU)
+        # unload_all_models: free_memory(1e30, get_torch_device(), free_all=True).
+        self.free_memory(1e30, self.gpu or CPU, free_all=True)
 
 
 # ---- a checkpoint and a generation (modules/processing.py) --------------------------------

@@ -12,7 +12,11 @@ monkeypatching. What Forge sees:
 - ``forge_unpatch_model(device)`` (a full unload: ``free_memory``, a checkpoint switch)
   releases the layout; ``forge_unpatch_model()`` (a clone replacing this one) keeps it when
   the next patcher is Ferry's with the same offload (layout.py's Note).
-- ``model_size`` is Ferry's device footprint; ``refresh_loras`` never merges into a live layout.
+- ``refresh_loras`` never merges into a live layout.
+- No ``model_size``: Forge calls it only from ``ModelPatcher.__init__`` (a Ferry patcher is
+  still Forge's class then: ``ferry_clone`` switches it after), and reads the ``size`` it
+  keeps only to hand it to a clone. ``load_models_gpu`` sizes a model by where its
+  parameters are (``module_size``): no override changes what it frees for a Ferry UNet.
 - ``clone()`` keeps the class and the offload, so scripts that clone the UNet after Ferry's
   (FreeU, ...) keep the offload.
 - A refused setting (``ferry_refusal``) is raised from ``forge_patch_model``, before any
@@ -29,7 +33,6 @@ import torch
 from torch import nn
 
 from ..offload_core import ConfigError, FerryError
-from ..offload_core.model.layout import module_nbytes
 from ..seam.patcher_class import keep_ferry_class, with_ferry
 from .controls import ControlError, ForgeOffload, as_control_error
 from .layout import UnetLayout
@@ -75,16 +78,6 @@ class FerryPatcherMixin:
         # unload_model_clones asks the patcher it is about to load: see layout.py's Note.
         self._ferry_layout().mark_loading(self.ferry_offload)
         return bool(super().is_clone(other))  # type: ignore[misc]
-
-    def model_size(self) -> int:
-        offload = self.ferry_offload
-        if offload is None or not hasattr(self, "load_device"):
-            return int(super().model_size())  # type: ignore[misc]
-        try:
-            plan = self._ferry_layout().plan(offload.policy, self.load_device)
-        except FerryError:
-            return int(super().model_size())  # type: ignore[misc]
-        return plan.device_bytes + sum(module_nbytes(m) for m in self._ferry_outside())
 
     def forge_patch_model(self, target_device: Any = None) -> nn.Module:
         if self.ferry_refusal is not None:

@@ -46,6 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ..errors import FerryError
 from ..model.layout import align_up
 from ..units import PAGE
 
@@ -140,7 +141,14 @@ class Schedule:
     # -- transitions ----------------------------------------------------------------------
     def begin_forward(self) -> list[Planned]:
         """A forward starts (the engine aborted any unfinished one first)."""
-        assert self.phase is Phase.IDLE, "a forward began while the previous one was unfinished"
+        if self.phase is not Phase.IDLE:
+            # The engine aborts an unfinished forward first (its root pre-hook); reaching
+            # here means it did not, and planning on would put loads over live regions. An
+            # error, not an assert, so that ``python -O`` keeps the check.
+            raise FerryError(
+                "a forward began while the previous one was unfinished and not aborted: "
+                "a bug in Ferry's offload engine"
+            )
         self.phase = Phase.IN_FORWARD
         self.observed = []
         self.current = None  # released by the engine before
