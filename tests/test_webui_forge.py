@@ -75,16 +75,16 @@ def ferry(tier: str = "ram", level: str = "block", blocks: int = 2, disk: str = 
 class Session:
     """One Forge process: a memory manager, a loaded checkpoint, the Ferry script."""
 
-    def __init__(self, host: Any, seed: int = 0) -> None:
+    def __init__(self, host: Any, seed: int = 0, load: Any = forge.load_checkpoint) -> None:
         self.mm = forge.MemoryManager()
-        self.sd = forge.load_checkpoint(seed)
+        self.sd = load(seed)
         self.script = Script(host)
 
     def run(
-        self, args: tuple[Any, ...] | None = None, lora_patches: Any = None
+        self, args: tuple[Any, ...] | None = None, lora_patches: Any = None, online: bool = False
     ) -> tuple[torch.Tensor, Any]:
         scripts = [] if args is None else [(self.script, args)]
-        return forge.generate(self.mm, self.sd, scripts, X, lora_patches)
+        return forge.generate(self.mm, self.sd, scripts, X, lora_patches, online=online)
 
     @property
     def kmodel(self) -> Any:
@@ -315,6 +315,169 @@ def test_the_stats_route_counts_layouts(session: Any) -> None:
     s = routes.stats()
     assert [o["tier"] for o in s["offloads"] if o["name"] == "tiny"] == ["ram"]
     assert s["layouts"] >= 1 and "settings_path" in s
+
+
+# ---- Forge's own low-bit weights (webui/low_bit.py) -----------------------------------------
+def gguf_session(host: Any, seed: int = 0) -> Session:
+    return Session(host, seed, forge.load_gguf_checkpoint)
+
+
+def quantized(dm: Any) -> dict[str, Any]:
+    return {n: p for n, p in dm.named_parameters() if getattr(p, "gguf_cls", None) is not None}
+
+
+@pytest.mark.parametrize("tier", ["ram", "pinned", "disk"])
+@pytest.mark.parametrize("level", ["block", "leaf"])
+def test_gguf_every_tier_and_level_is_forges_output(
+    host: Any, tmp_path: Path, level: str, tier: str
+) -> None:
+    """Ferry first, on a GGUF model Forge never loaded: Forge bakes GGUF weights on the module
+    its patcher returns (empty for Ferry's), so Ferry bakes them as Forge would. The quantized
+    parameters stay the same objects, class and attributes; the F16 weight and bias that
+    Forge's forward replaces by F32 copies are replaced under Ferry too, with the same values."""
+    forge_only = gguf_session(host)
+    plain, _ = forge_only.run()
+    s = gguf_session(host)
+    dm = s.kmodel.diffusion_model
+    before = quantized(dm)
+    assert before and not any(p.baked for p in before.values())
+    args = ferry(tier=tier, level=level, disk=str(tmp_path / "d"))
+    try:
+        for _ in range(2):
+            got, _ = s.run(args)
+            assert torch.equal(got, plain)
+        assert s.layout.live and s.layout.handle.stats().forwards == 2
+        now = quantized(dm)
+        assert now.keys() == before.keys() and all(now[n] is before[n] for n in now)
+        assert all(type(p) is forge.ParameterGGUF and p.baked for p in now.values())
+        got, _ = s.run(ferry(enabled=False))
+        assert torch.equal(got, plain) and not s.layout.live
+    finally:
+        s.layout.release()
+
+
+def test_gguf_lora_is_requantized_as_forge_does(host: Any, tmp_path: Path) -> None:
+    """Forge's default LoRA on a GGUF UNet: merged offline and requantized into the same
+    parameter (quantize_pytorch), which needs it baked."""
+    forge_only = gguf_session(host)
+    plain, _ = forge_only.run()
+    plain_lora, _ = forge_only.run(lora_patches=lora())
+    assert not torch.equal(plain_lora, plain)
+    s = gguf_session(host)
+    try:
+        for args in (ferry(tier="ram"), ferry(tier="disk", disk=str(tmp_path), level="leaf")):
+            got, _ = s.run(args, lora_patches=lora())
+            assert torch.equal(got, plain_lora), args
+            w = s.kmodel.diffusion_model.input_blocks[0].to_q.weight
+            assert type(w) is forge.ParameterGGUF and w.baked
+        got, _ = s.run(ferry(tier="ram"))
+        assert torch.equal(got, plain)
+    finally:
+        s.layout.release()
+
+
+def test_online_lora_on_gguf_is_forges_output(host: Any, tmp_path: Path) -> None:
+    """Forge's "(fp16 LoRA)" options on a low-bit UNet: the patches go on the layer and are
+    merged into the dequantized weight on every forward, which under Ferry is read from
+    Ferry's slot."""
+    forge_only = gguf_session(host)
+    plain, _ = forge_only.run()
+    offline, _ = forge_only.run(lora_patches=lora())
+    online, _ = forge_only.run(lora_patches=lora(), online=True)
+    assert not torch.equal(online, plain) and not torch.equal(online, offline)
+    s = gguf_session(host)
+    dm = s.kmodel.diffusion_model
+    try:
+        for args in (
+            ferry(tier="pinned"),
+            ferry(tier="disk", disk=str(tmp_path), level="leaf"),
+            ferry(tier="ram", blocks=3),
+        ):
+            got, _ = s.run(args, lora_patches=lora(), online=True)
+            assert torch.equal(got, online), args
+            assert "weight" in dm.input_blocks[0].to_q.forge_online_loras
+        got, _ = s.run(ferry(tier="ram"))  # the LoRA removed: its patches leave the layer
+        assert torch.equal(got, plain) and not hasattr(
+            dm.input_blocks[0].to_q, "forge_online_loras"
+        )
+        got, _ = s.run(ferry(enabled=False), lora_patches=lora(), online=True)
+        assert torch.equal(got, online)
+    finally:
+        s.layout.release()
+
+
+def nf4_session(host: Any, seed: int = 0) -> Session:
+    return Session(host, seed, forge.load_nf4_checkpoint)
+
+
+@pytest.mark.parametrize("tier", ["ram", "pinned", "disk"])
+def test_nf4_runs_where_its_quant_state_is(host: Any, tmp_path: Path, tier: str) -> None:
+    """A bnb NF4 weight's quant_state is separate tensors: Ferry moves the packed bytes only,
+    which is Forge's computation where the state already sits on the load device (here the
+    CPU, as in a CPU Forge)."""
+    plain, _ = nf4_session(host).run()
+    s = nf4_session(host)
+    w = s.kmodel.diffusion_model.input_blocks[0].to_q.weight
+    state = w.quant_state
+    try:
+        for level in ("block", "leaf"):
+            got, _ = s.run(ferry(tier=tier, level=level, disk=str(tmp_path / level)))
+            assert torch.equal(got, plain)
+            assert s.kmodel.diffusion_model.input_blocks[0].to_q.weight is w
+            assert w.quant_state is state and type(w) is forge.Params4bit
+    finally:
+        s.layout.release()
+
+
+def _nothing_moved(s: Session, args: tuple[Any, ...], host: Any) -> str:
+    """The refusal the script hands Forge (a patcher that refuses to load), and the load
+    raising it, with every weight where it was."""
+    dm = s.kmodel.diffusion_model
+    where = {n: p.data_ptr() for n, p in dm.named_parameters()}
+    p = forge.Processing(s.sd)
+    msg = script_mod.hand_over(p, args, host)
+    with pytest.raises(controls.ControlError) as e:
+        p.sd_model.forge_objects.unet.forge_patch_model(forge.CPU)
+    assert str(e.value) == msg
+    assert not s.layout.live and {n: p.data_ptr() for n, p in dm.named_parameters()} == where
+    return msg
+
+
+def test_nf4_with_its_state_elsewhere_is_refused_before_anything_moves(host: Any) -> None:
+    s = nf4_session(host)
+    w = s.kmodel.diffusion_model.input_blocks[2].proj.weight
+    w.quant_state = forge.copy_quant_state(w.quant_state, torch.device("meta"))
+    assert _nothing_moved(s, ferry(tier="ram"), host) == (
+        "Ferry offload: this UNet's input_blocks.2.proj.weight is a bitsandbytes NF4 weight "
+        "whose quantization state (quant_state.absmax and the rest) sits on meta, apart from "
+        "its bytes; Ferry moves a weight's bytes only, so on cpu it would compute with a state "
+        "left behind. Turn Ferry offload off for this model (Forge's own loading runs it)"
+    )
+
+
+def test_nf4_forge_has_not_quantized_is_refused(host: Any) -> None:
+    s = nf4_session(host)
+    s.kmodel.diffusion_model.middle_block[0].to_q.weight.bnb_quantized = False
+    assert _nothing_moved(s, ferry(tier="disk", level="leaf"), host).startswith(
+        "Ferry offload: this UNet's middle_block.0.to_q.weight is a bitsandbytes NF4 weight "
+        "Forge has not quantized yet"
+    )
+
+
+class AliasedParameter(torch.nn.Parameter):
+    """A parameter type whose attribute views its own bytes (Ferry would leave it behind)."""
+
+
+def test_a_tensor_ferry_cannot_move_is_refused_naming_the_control(session: Any, host: Any) -> None:
+    lin = session.kmodel.diffusion_model.output_blocks[1].to_q
+    p = AliasedParameter(lin.weight.detach().clone(), requires_grad=False)
+    p.first_row = p.data[0]
+    lin.weight = p
+    assert _nothing_moved(session, ferry(tier="ram"), host) == (
+        "Ferry offload: this UNet's output_blocks.1.to_q.weight is a AliasedParameter tensor "
+        "Ferry cannot move (its attribute 'first_row' is a view of its own data). Turn Ferry "
+        "offload off for this model (Forge's own loading runs it)"
+    )
 
 
 # ---- the controls (no model) --------------------------------------------------------------

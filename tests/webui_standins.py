@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 CPU = torch.device("cpu")
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # ---- the network ------------------------------------------------------------------------
@@ -106,9 +107,18 @@ def set_attr_raw(obj: Any, key: str, value: Any) -> None:
 
 
 class LoraLoader:
+    """backend/patcher/lora.py ``LoraLoader.refresh``: the set's patches grouped by (key, online
+    mode); the previous set undone (online patches deleted from their layers, merged weights
+    put back from their backups); then each online patch list put on its layer as
+    ``forge_online_loras[child]`` (merged into the weight on every forward, operations.py), and
+    each offline one merged: a GGUF weight is dequantized, merged in float32 and requantized
+    into the same parameter (``gguf_cls.quantize_pytorch``), a plain one replaced by a new
+    Parameter. (A bnb weight's merge calls ``.cuda()``: not modelled, CI has no GPU.)"""
+
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.backup: dict[str, torch.Tensor] = {}
+        self.online_backup: list[nn.Module] = []
         self.loaded_hash = str([])
         self.merges = 0  # how many times a set was merged (stand-in bookkeeping)
 
@@ -117,6 +127,13 @@ class LoraLoader:
         hashes = str(list(lora_patches.keys()))
         if hashes == self.loaded_hash:
             return
+        grouped: dict[tuple[str, bool], list[Any]] = {}
+        for (_, _, _, online), patches in lora_patches.items():
+            for key, ps in patches.items():
+                grouped.setdefault((key, online), []).extend(ps)
+        for m in set(self.online_backup):
+            del m.forge_online_loras
+        self.online_backup = []
         for k, w in self.backup.items():
             set_attr_raw(
                 self.model,
@@ -124,21 +141,38 @@ class LoraLoader:
                 w if isinstance(w, nn.Parameter) else nn.Parameter(w, requires_grad=False),
             )
         self.backup = {}
-        merged: dict[str, list[Any]] = {}
-        for patches in lora_patches.values():
-            for key, ps in patches.items():
-                merged.setdefault(key, []).extend(ps)
-        for key, ps in merged.items():
-            weight = get_attr(self.model, key)
+        for (key, online), ps in grouped.items():
+            *path, child = key.split(".")
+            parent = get_attr(self.model, ".".join(path))
+            weight = getattr(parent, child)
             assert isinstance(weight, nn.Parameter), f"Wrong LoRA Key: {key}"
+            if online:
+                if not hasattr(parent, "forge_online_loras"):
+                    parent.forge_online_loras = {}
+                parent.forge_online_loras[child] = ps
+                self.online_backup.append(parent)
+                continue
             if key not in self.backup:
                 self.backup[key] = weight.to(device=offload_device)
-            w = weight.to(torch.float32)
-            for strength, (up, down) in ps:
-                w = w + strength * (up.float() @ down.float())
-            set_attr_raw(self.model, key, nn.Parameter(w.to(weight.dtype), requires_grad=False))
+            gguf_cls = getattr(weight, "gguf_cls", None)
+            w = dequantize_tensor(weight) if gguf_cls is not None else weight
+            w = merge_lora(ps, w, torch.float32)
+            if gguf_cls is not None:
+                gguf_cls.quantize_pytorch(w, weight)
+                continue
+            set_attr_raw(self.model, key, nn.Parameter(w, requires_grad=False))
         self.loaded_hash = hashes
         self.merges += 1
+
+
+def merge_lora(patches: list[Any], weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """lora.py ``merge_lora_to_weight`` for plain LoRA patches (strength, (up, down)): the
+    weight in ``dtype`` (a copy), each ``up @ down`` computed in ``dtype`` and added scaled,
+    the result back in the weight's dtype."""
+    w = weight.detach().to(dtype, copy=True)
+    for strength, (up, down) in patches:
+        w += (strength * (up.to(w.device, dtype) @ down.to(w.device, dtype))).type(w.dtype)
+    return w.to(weight.dtype)
 
 
 # ---- patchers (backend/patcher/base.py, unet.py) ------------------------------------------
@@ -186,8 +220,10 @@ class ModelPatcher:
         name: str,
         patches: dict[str, tuple[torch.Tensor, torch.Tensor]],
         strength: float = 1.0,
+        online: bool = False,
     ) -> None:
-        self.lora_patches[(name, strength, 1.0, False)] = {
+        # add_patches: keyed by (filename, strength_patch, strength_model, online_mode).
+        self.lora_patches[(name, strength, 1.0, online)] = {
             k: [(strength, v)] for k, v in patches.items()
         }
 
@@ -302,6 +338,7 @@ class LoadedModel:
                 elif hasattr(m, "weight"):
                     m.to(self.device)
                     self.moved.append(m)
+        bake_gguf_model(self.real_model)  # on what forge_patch_model returned
         self.model.refresh_loras()
 
     def model_unload(self, avoid_model_moving: bool = False) -> None:
@@ -457,12 +494,16 @@ class Processing:
 
 def generate(
     mm: MemoryManager, sd: SdModel, scripts: list[tuple[Any, tuple[Any, ...]]], x: torch.Tensor,
-    lora: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    lora: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None, online: bool = False,
 ) -> tuple[torch.Tensor, Processing]:  # fmt: skip
-    """One generation: LoRA (extra networks), always-visible scripts, load, one UNet call."""
+    """One generation: LoRA (extra networks), always-visible scripts, load, one UNet call.
+
+    ``online``: Forge's "(fp16 LoRA)" options, which sd_forge_lora's networks.py honours only
+    for a low-bit UNet (its storage dtype not float32/16/bf16)."""
     if lora is not None:
         unet = sd.forge_objects_original.unet.clone()
-        unet.add_lora("lora", lora)
+        storage = getattr(unet.model, "storage_dtype", torch.float32)
+        unet.add_lora("lora", lora, online=online and storage not in FLOATS)
         sd.forge_objects_after_applying_lora = ForgeObjects(unet)
     else:
         sd.forge_objects_after_applying_lora = sd.forge_objects_original.shallow_copy()
@@ -477,3 +518,363 @@ def generate(
     mm.load_models_gpu([unet])
     with torch.inference_mode():
         return unet.model.apply_model(x), p
+
+
+# ---- Forge's low-bit weights and ops ------------------------------------------------------
+# Written from what Forge's files do (backend/operations.py, operations_gguf.py,
+# operations_bnb.py, packages_3rdparty/gguf/quants.py, memory_management.py's
+# bake_gguf_model): none of their lines, the same behaviour where Ferry meets it.
+Q8_0_BLOCK, Q8_0_BYTES = 32, 34  # values per block; bytes per block (fp16 scale + 32 int8)
+
+
+class Q8_0:
+    """quants.py's ``Q8_0`` as Forge's ops call it. ``bake``: the raw rows re-cut into
+    (blocks, 34) int8 with each block's fp16 scale cast to the parameter's computation dtype,
+    in place (``parameter.data =``), once (``baked``). ``dequantize_pytorch``: scale * int8,
+    shaped as the parameter's ``.shape`` reports; refuses an unbaked parameter, as Forge's
+    does. ``quantize_pytorch``: a float weight requantized into the (baked) parameter."""
+
+    @classmethod
+    def bake(cls, p: Any) -> None:
+        if p.baked:
+            return
+        blocks = p.data.reshape(-1, p.data.shape[-1]).view(torch.uint8).reshape(-1, Q8_0_BYTES)
+        d = blocks[:, :2].contiguous().view(torch.float16).to(p.computation_dtype)
+        p.data = torch.cat([d.view(torch.int8), blocks[:, 2:].view(torch.int8)], -1).contiguous()
+        p.baked = True
+
+    @classmethod
+    def dequantize_pytorch(cls, p: Any) -> torch.Tensor:
+        if not p.baked:
+            raise ValueError("GGUF Tensor is not baked!")
+        d = p.data[:, :2].contiguous().view(p.computation_dtype)
+        return (p.data[:, 2:] * d).view(p.shape)
+
+    @classmethod
+    def quantize_pytorch(cls, weight: torch.Tensor, p: Any) -> Any:
+        if not p.baked:
+            raise ValueError("GGUF Tensor is not baked!")
+        blocks = weight.reshape(-1, Q8_0_BLOCK)
+        d = blocks.abs().max(dim=1, keepdim=True).values / 127
+        qs = torch.round(blocks * torch.where(d == 0, torch.zeros_like(d), 1 / d))
+        d = d.to(p.computation_dtype).view(torch.int8)
+        p.data = torch.cat([d, qs.to(torch.int8)], dim=1).contiguous()
+        return p
+
+
+def q8_0_rows(w: torch.Tensor) -> torch.Tensor:
+    """A float weight as a GGUF file stores Q8_0 (what GGUFReader hands Forge): uint8 rows."""
+    blocks = w.float().reshape(-1, Q8_0_BLOCK)
+    d = blocks.abs().max(dim=1, keepdim=True).values / 127
+    qs = torch.round(blocks * torch.where(d == 0, torch.zeros_like(d), 1 / d)).to(torch.int8)
+    raw = torch.cat([d.to(torch.float16).view(torch.uint8), qs.view(torch.uint8)], dim=1)
+    return raw.reshape(w.shape[0], -1)
+
+
+@dataclass
+class ReaderTensor:
+    """What gguf.GGUFReader gives Forge per tensor: raw data, type, shape (GGUF order)."""
+
+    data: torch.Tensor
+    tensor_type: str  # "Q8_0", "F16", "F32"
+    shape: tuple[int, ...]
+
+
+class ParameterGGUF(nn.Parameter):
+    """operations_gguf.py ``ParameterGGUF``: a Parameter whose storage is a copy of the file's
+    raw data, whose ``.shape`` is the dequantized shape (``real_shape``), and whose Python
+    attributes (``gguf_cls``: None for F16/F32; ``computation_dtype``; ``baked``) drive
+    ``dequantize_tensor``; ``to``/``pin_memory`` return a new one with the same attributes."""
+
+    def __new__(cls, tensor: Any = None, requires_grad: bool = False, no_init: bool = False) -> Any:
+        return super().__new__(cls, tensor.data.clone(), requires_grad=requires_grad)
+
+    def __init__(self, tensor: Any = None, requires_grad: bool = False, no_init: bool = False):
+        super().__init__()
+        if no_init:
+            return
+        self.gguf_cls = Q8_0 if tensor.tensor_type == "Q8_0" else None
+        self.real_shape = torch.Size(reversed(list(tensor.shape)))
+        self.computation_dtype = torch.float16
+        self.baked = False
+
+    @property  # type: ignore[override]
+    def shape(self) -> torch.Size:
+        return self.real_shape
+
+    def copy_with_data(self, data: torch.Tensor) -> ParameterGGUF:
+        new = ParameterGGUF(data, no_init=True)
+        new.gguf_cls, new.real_shape = self.gguf_cls, self.real_shape
+        new.computation_dtype, new.baked = self.computation_dtype, self.baked
+        return new
+
+    def to(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self.copy_with_data(self.data.to(*args, **kwargs))
+
+    def pin_memory(self, device: Any = None) -> Any:  # type: ignore[override]
+        return self.copy_with_data(torch.Tensor.pin_memory(self))
+
+
+def dequantize_tensor(t: Any) -> Any:
+    """operations_gguf.py: the float weight of a GGUF parameter; any other tensor as it is."""
+    if t is None or getattr(t, "gguf_cls", None) is None:
+        return t
+    return t.gguf_cls.dequantize_pytorch(t)
+
+
+def bake_gguf_model(model: nn.Module) -> None:
+    """memory_management.py ``bake_gguf_model``: once per model, every GGUF parameter baked."""
+    if getattr(model, "gguf_baked", False):
+        return
+    for p in model.parameters():
+        if getattr(p, "gguf_cls", None) is not None:
+            p.gguf_cls.bake(p)
+    model.gguf_baked = True
+
+
+def tensor2parameter(x: torch.Tensor) -> nn.Parameter:
+    return x if isinstance(x, nn.Parameter) else nn.Parameter(x, requires_grad=False)
+
+
+def get_weight_and_bias(
+    layer: nn.Module, x: torch.Tensor | None = None, weight_fn: Any = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """operations.py ``get_weight_and_bias`` (through ``weights_manual_cast`` when ``x`` is
+    given): the weight through ``weight_fn`` (dequantization), moved and cast to ``x``'s device
+    and dtype, then the layer's online LoRA merged into it in that dtype; the bias moved (not
+    cast, ``skip_bias_dtype``)."""
+    patches = getattr(layer, "forge_online_loras", None)
+    weight = layer.weight
+    if weight_fn is not None:
+        if x is not None:
+            weight = weight.to(device=x.device)
+        weight = weight_fn(weight)
+    if x is not None:
+        weight = weight.to(device=x.device, dtype=x.dtype)
+    if patches is not None and "weight" in patches:
+        weight = merge_lora(patches["weight"], weight, weight.dtype)
+    bias = layer.bias
+    if bias is not None and x is not None:
+        bias = bias.to(device=x.device)
+    if patches is not None and bias is not None and "bias" in patches:
+        bias = merge_lora(patches["bias"], bias, bias.dtype)
+    return weight, bias
+
+
+class GGUFLinear(nn.Module):
+    """operations.py ``ForgeOperationsGGUF.Linear``: a weight and bias loaded as the checkpoint's
+    GGUF parameters (their computation dtype 16-bit), moved by ``_apply`` as new parameters;
+    its forward first replaces a bias whose dtype is not the input's, and an unquantized weight
+    whose dtype is not, by cast copies (module attributes changed during the forward), then
+    computes with the dequantized weight cast to the input's dtype, online LoRA merged."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.dummy = nn.Parameter(torch.empty(1, dtype=dtype))
+        self.weight: Any = None
+        self.bias: Any = None
+        self.parameters_manual_cast = False
+
+    def _load_from_state_dict(self, sd: dict[str, Any], prefix: str, *args: Any) -> None:
+        computation = self.dummy.dtype
+        if computation not in (torch.float16, torch.bfloat16):
+            computation = torch.float16
+        for name in ("weight", "bias"):
+            if prefix + name in sd:
+                t = sd[prefix + name].to(device=self.dummy.device)
+                t.computation_dtype = computation
+                setattr(self, name, t)
+        del self.dummy
+
+    def _apply(self, fn: Any, recurse: bool = True) -> GGUFLinear:
+        for k, p in self.named_parameters(recurse=False):
+            setattr(self, k, tensor2parameter(fn(p)))
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is not None and self.bias.dtype != x.dtype:
+            self.bias = tensor2parameter(dequantize_tensor(self.bias).to(x.dtype))
+        if self.weight.dtype != x.dtype and getattr(self.weight, "gguf_cls", None) is None:
+            self.weight = tensor2parameter(self.weight.to(x.dtype))
+        weight, bias = get_weight_and_bias(self, x, weight_fn=dequantize_tensor)
+        return torch.nn.functional.linear(x, weight, bias)
+
+
+class GGUFBlock(Block):
+    def __init__(self, dim: int) -> None:
+        nn.Module.__init__(self)
+        self.norm = nn.LayerNorm(dim)
+        self.to_q = GGUFLinear()
+        self.proj = GGUFLinear()
+
+
+class GGUFUNet(TinyUNet):
+    """TinyUNet built under Forge's GGUF operations: every Linear a GGUFLinear."""
+
+    def __init__(self, dim: int = 64, n_in: int = 6, n_out: int = 6) -> None:
+        nn.Module.__init__(self)
+        self.conv_in = GGUFLinear()
+        self.input_blocks = nn.ModuleList(GGUFBlock(dim) for _ in range(n_in))
+        self.middle_block = nn.ModuleList([GGUFBlock(dim)])
+        self.output_blocks = nn.ModuleList(GGUFBlock(dim) for _ in range(n_out))
+        self.out = GGUFLinear()
+
+
+#: Which of the tiny UNet's weights the stand-in GGUF file keeps unquantized, and in what:
+#: one F16 weight and one F16 bias, so the forward's cast-and-replace runs (the input is F32).
+GGUF_F16 = ("conv_in.weight", "out.bias")
+
+
+def gguf_file(seed: int) -> dict[str, ReaderTensor]:
+    """A GGUF file's tensors for the tiny UNet: 2-D weights Q8_0, the rest F32 (GGUF_F16: F16)."""
+    torch.manual_seed(seed)
+    out = {}
+    for k, t in TinyUNet().state_dict().items():
+        gguf_shape = tuple(reversed(t.shape))
+        if k in GGUF_F16:
+            out[k] = ReaderTensor(t.to(torch.float16), "F16", gguf_shape)
+        elif t.dim() == 2:
+            out[k] = ReaderTensor(q8_0_rows(t), "Q8_0", gguf_shape)
+        else:
+            out[k] = ReaderTensor(t.clone(), "F32", gguf_shape)
+    return out
+
+
+def load_gguf_checkpoint(seed: int, name: str = "tiny-gguf") -> SdModel:
+    """backend/utils.py ``load_torch_file`` (every tensor a ParameterGGUF) and the loader's
+    UNet under the GGUF operations: LayerNorms take a copy (``param.copy_``), the Linears the
+    parameters themselves; storage dtype 'gguf'."""
+    sd = {k: ParameterGGUF(t) for k, t in gguf_file(seed).items()}
+    unet = GGUFUNet()
+    for k, m in unet.named_modules():
+        prefix = f"{k}." if k else ""
+        if isinstance(m, GGUFLinear):
+            m._load_from_state_dict(sd, prefix)
+        elif isinstance(m, nn.LayerNorm):
+            with torch.no_grad():
+                m.weight.copy_(sd[prefix + "weight"])
+                m.bias.copy_(sd[prefix + "bias"])
+    kmodel = KModel(unet)
+    kmodel.storage_dtype = "gguf"
+    patcher = UnetPatcher(kmodel, CPU, CPU)
+    return SdModel(
+        ForgeObjects(patcher), ForgeObjects(patcher), ForgeObjects(patcher),
+        CheckpointInfo(f"/nowhere/{name}.gguf", name),
+    )  # fmt: skip
+
+
+# -- bitsandbytes NF4 (operations_bnb.py; bitsandbytes' Params4bit and QuantState) -----------
+#: The 16 NF4 levels (bitsandbytes' NF4 code: quantiles of N(0, 1), scaled to [-1, 1]).
+NF4_CODE = torch.tensor([
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+])  # fmt: skip
+NF4_BLOCK = 64
+
+
+@dataclass
+class QuantState:
+    """bitsandbytes' ``QuantState``: separate tensors beside the packed weight (absmax per
+    block, the code), and what the weight's logical shape and dtype are."""
+
+    absmax: torch.Tensor
+    code: torch.Tensor
+    shape: torch.Size
+    dtype: torch.dtype
+    blocksize: int = NF4_BLOCK
+    quant_type: str = "nf4"
+    offset: torch.Tensor | None = None
+    state2: QuantState | None = None
+
+
+def copy_quant_state(state: QuantState, device: torch.device) -> QuantState:
+    """operations_bnb.py ``copy_quant_state``: the state's tensors copied to ``device``."""
+    return QuantState(
+        state.absmax.to(device), state.code.to(device), state.shape, state.dtype,
+        state.blocksize, state.quant_type,
+    )  # fmt: skip
+
+
+class Params4bit(nn.Parameter):
+    """``ForgeParams4bit`` (a bitsandbytes ``Params4bit``): the packed 4-bit bytes are the
+    parameter's storage; ``quant_state`` is an attribute holding its own tensors; ``to()``
+    returns a new parameter whose state is copied to the target device."""
+
+    def __new__(
+        cls, data: torch.Tensor, quant_state: QuantState, bnb_quantized: bool = True
+    ) -> Any:
+        return super().__new__(cls, data, requires_grad=False)
+
+    def __init__(self, data: torch.Tensor, quant_state: QuantState, bnb_quantized: bool = True):
+        super().__init__()
+        self.quant_state = quant_state
+        self.quant_type = quant_state.quant_type
+        self.blocksize = quant_state.blocksize
+        self.bnb_quantized = bnb_quantized
+
+    def to(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        device = torch._C._nn._parse_to(*args, **kwargs)[0] or self.device
+        return Params4bit(
+            nn.Parameter.to(self, device=device).data,
+            copy_quant_state(self.quant_state, device),
+            self.bnb_quantized,
+        )
+
+
+def quantize_nf4(w: torch.Tensor) -> Params4bit:
+    """A float weight as an NF4 checkpoint holds it: nearest NF4 level per value, two per byte."""
+    blocks = w.float().reshape(-1, NF4_BLOCK)
+    absmax = blocks.abs().max(dim=1).values
+    idx = (blocks / absmax[:, None]).unsqueeze(-1).sub(NF4_CODE).abs().argmin(-1).flatten()
+    packed = (idx[0::2] << 4 | idx[1::2]).to(torch.uint8).reshape(-1, 1)
+    return Params4bit(packed, QuantState(absmax, NF4_CODE.clone(), w.shape, w.dtype))
+
+
+def dequantize_4bit(weight: torch.Tensor, state: QuantState) -> torch.Tensor:
+    """bitsandbytes' ``dequantize_4bit``: its kernel reads the packed bytes and the state on
+    the weight's device, and fails on a state elsewhere."""
+    for t in (state.absmax, state.code):
+        if t.device != weight.device:
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found {t.device} and "
+                f"{weight.device}"
+            )
+    raw = weight.detach().as_subclass(torch.Tensor).flatten().to(torch.int64)
+    idx = torch.stack([raw >> 4, raw & 15], dim=1).flatten()
+    values = state.code[idx].reshape(-1, state.blocksize) * state.absmax[:, None]
+    return values.reshape(state.shape).to(state.dtype)
+
+
+class NF4Linear(nn.Module):
+    """operations.py ``ForgeOperationsBNB4bits.Linear`` (no online LoRA: its dequantization
+    calls ``.cuda()``): ``functional_linear_4bits`` on the weight and its quant_state."""
+
+    def __init__(self, weight: Params4bit, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+        self.bias = nn.Parameter(bias, requires_grad=False)
+        self.parameters_manual_cast = False
+
+    def _apply(self, fn: Any, recurse: bool = True) -> NF4Linear:
+        for k, p in self.named_parameters(recurse=False):
+            setattr(self, k, tensor2parameter(fn(p)))
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = dequantize_4bit(self.weight, self.weight.quant_state)
+        return torch.nn.functional.linear(x, w.to(x.dtype), self.bias)
+
+
+def load_nf4_checkpoint(seed: int, name: str = "tiny-nf4") -> SdModel:
+    """The tiny UNet from a pre-quantized NF4 checkpoint: every block Linear an NF4Linear."""
+    sd = load_checkpoint(seed, name, f"/nowhere/{name}.safetensors")
+    kmodel = sd.forge_objects.unet.model
+    kmodel.storage_dtype = "nf4"
+    for block in kmodel.diffusion_model.modules():
+        if isinstance(block, Block):
+            for attr in ("to_q", "proj"):
+                lin = getattr(block, attr)
+                setattr(block, attr, NF4Linear(quantize_nf4(lin.weight.data), lin.bias.data))
+    return sd

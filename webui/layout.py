@@ -33,6 +33,7 @@ from ..offload_core.runtime.memory import release_freed_memory
 from ..web.panel.context import meta_twin
 from .controls import ForgeOffload
 from .file_views import file_views, put_back
+from .low_bit import bake_gguf
 
 ATTR = "_ferry_forge_layout"
 #: Totals for this process (the /ferry/stats route): groups laid out, layouts released,
@@ -86,6 +87,7 @@ class UnetLayout:
                 stray = find_offload(self.module)
                 if stray is not None:  # laid out by other code: it goes, the next load redoes it
                     stray.remove()
+                bake_gguf(self.module)  # what Forge's load does to GGUF weights (low_bit.py)
                 self._twin = meta_twin(self.module)
             self._plans[k] = plan_offload(self._twin, policy, onload_device=device)
         return self._plans[k]
@@ -112,6 +114,9 @@ class UnetLayout:
             return False
         self.plan(offload.policy, device)  # every check, before anything moves
         self.release()
+        # Forge bakes GGUF weights on the module forge_patch_model returns, and a Ferry
+        # patcher returns an empty one: bake them here, before the LoRA merge needs them.
+        bake_gguf(self.module)
         prepare()
         self._views = file_views(self.module)  # put back on release (file_views.py)
         try:

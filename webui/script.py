@@ -29,6 +29,7 @@ from .controls import (
     parse_infotext,
 )
 from .layout import COUNTS, UnetLayout
+from .low_bit import check_weights
 from .patcher import ferry_clone
 
 #: Blocks per group slider's top: the longest run of blocks of the models Forge runs (Flux's
@@ -72,6 +73,8 @@ def offload_for(p: Any, values: tuple[Any, ...], host: Host) -> ForgeOffload | N
         return None
     offload = offload.with_source_checkpoint(getattr(info, "filename", None))
     unet = model.forge_objects.unet
+    # Forge's own weight types first (GGUF runs, bnb 4-bit where its state is): low_bit.py.
+    check_weights(unet.model.diffusion_model, unet.load_device)
     layout = UnetLayout.of(unet.model)
     try:
         # Blocks per group first, in the accordion's words: the model's longest run of blocks.

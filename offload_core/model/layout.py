@@ -57,7 +57,13 @@ def plain_view(t: torch.Tensor) -> torch.Tensor:
     one), and what Ferry stores and copies are the bytes."""
     if type(t) is torch.Tensor or type(t) is nn.Parameter:
         return t
-    return t.as_subclass(torch.Tensor)
+    try:
+        return t.as_subclass(torch.Tensor)
+    except RuntimeError:
+        # A tensor made under inference_mode whose data was then set outside it (Forge makes
+        # its GGUF parameters under inference_mode: a LoRA's backups, a forward's cast bias)
+        # has no version counter for as_subclass to share; this alias needs none.
+        return torch.Tensor._make_subclass(torch.Tensor, t)
 
 
 def unsupported_why(t: torch.Tensor) -> str | None:
@@ -218,6 +224,12 @@ class Entry:
             cur.data = form
         else:
             torch.utils.swap_tensors(cur, form)
+
+    def hold(self, t: torch.Tensor) -> None:
+        """Puts ``t`` back in the module's place where something else took it."""
+        table: dict[str, Any] = self.module._parameters if self.is_param else self.module._buffers
+        if table[self.attr] is not t:
+            table[self.attr] = t
 
     def put(self, form: torch.Tensor) -> None:
         """Makes the module hold ``form`` as a new tensor object: for a tensor on the meta

@@ -26,6 +26,7 @@ class GroupRuntime:
         self.host_forms = host_forms  # what each entry points at while offloaded
         self._forms: list[torch.Tensor] = []  # the forms they point at in a slot (the
         # engine's current Load says which slot)
+        self._held: list[torch.Tensor] = []  # the tensor objects the module held in the slot
         self.requires_grad = any(e.requires_grad for e in spec.entries)
 
     @property
@@ -36,13 +37,20 @@ class GroupRuntime:
         self._forms = [_form_at(e, slot) for e in self.spec.entries]
         for e, form in zip(self.spec.entries, self._forms):
             e.point_at(form)
+        self._held = [e.current() for e in self.spec.entries]
 
     def to_host(self) -> None:
-        for e, host, form in zip(self.spec.entries, self.host_forms, self._forms):
+        for e, host, form, held in zip(self.spec.entries, self.host_forms, self._forms, self._held):
+            # A forward that put a new tensor in the module's place (Forge's GGUF and bnb
+            # Linears replace a bias whose dtype is not the input's by a cast copy, and keep
+            # it) leaves the slot with the object Ferry placed: that object goes back, and the
+            # next forward makes its copy again, from the same bytes.
+            e.hold(held)
             # A subclass went to the slot by swapping with the slot form, which has held the
             # host form since; swapping again restores both.
             e.point_at(host if e.subclass is None else form)
         self._forms = []
+        self._held = []
 
 
 def _form_at(e: Entry, slot: Slot) -> torch.Tensor:

@@ -95,6 +95,8 @@ def start_forge(data: Path, models: Path, *, with_ferry: bool = True) -> Server:
            # Forge serves only files under --data-dir: its own UI scripts too, without this.
            "--gradio-allowed-path", str(forge),
            "--ckpt-dir", str(models / "Stable-diffusion"), "--lora-dir", str(models / "Lora")]  # fmt: skip
+    if (models / "VAE").is_dir():  # additional modules (the GGUF suite's VAE and text encoder)
+        cmd += ["--vae-dir", str(models / "VAE")]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             cmd, cwd=forge, stdout=out, stderr=subprocess.STDOUT, env=_env(settings)

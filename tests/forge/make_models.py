@@ -28,6 +28,8 @@ import torch
 
 #: Bump when what this script writes changes: the suite rewrites cached files.
 VERSION = 1
+#: The same for the GGUF suite's files (``--gguf``).
+GGUF_VERSION = 2
 
 SD15_UNET = {
     "use_checkpoint": False, "out_channels": 4, "use_spatial_transformer": True,
@@ -143,7 +145,60 @@ def lora(forge: Path, path: Path, seed: int, rank: int = 8) -> None:
     write(path, tensors, fill)
 
 
+def gguf_checkpoint(forge: Path, path: Path, vae_te: Path, seed: int) -> None:
+    """An SD 1.5 UNet as a GGUF file, as people load one in Forge (a UNet-only .gguf, the VAE
+    and text encoder from a safetensors file chosen as an additional module): the UNet's 2-D
+    (Linear) weights Q8_0, the rest F32, written with the gguf package Forge ships
+    (packages_3rdparty/gguf); the VAE and text encoder F32. (A single .gguf holding the text
+    encoder too does not load in this Forge with torch 2.13: its CLIP loader wraps each
+    ParameterGGUF in a new Parameter, which torch refuses.)"""
+    spec = shapes(forge)  # puts Forge's packages_3rdparty first on sys.path
+    import gguf
+    import numpy as np
+
+    g = torch.Generator().manual_seed(seed)
+    values = {}
+    for name, (shape, is_float) in spec.items():
+        if is_float:
+            values[name] = init(name, shape, g)
+        else:
+            values[name] = torch.arange(shape[-1]).reshape(shape)
+    writer = gguf.GGUFWriter(str(path.with_suffix(".tmp")), "ferry-test")
+    for name, t in values.items():
+        if not name.startswith("model.diffusion_model."):
+            continue
+        a = t.numpy().astype(np.float32)
+        if t.dim() == 2 and t.shape[-1] % 32 == 0:
+            q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, a)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(path.with_suffix(".tmp"), path)
+    rest = {
+        n: (tuple(t.shape), torch.float32 if t.is_floating_point() else torch.int64)
+        for n, t in values.items()
+        if not n.startswith("model.diffusion_model.")
+    }
+    write(vae_te, rest, lambda name, shape: values[name])
+
+
 def main() -> None:
+    if sys.argv[1] == "--gguf":  # the GGUF suite's models only (test_forge_gguf.py)
+        forge, out = Path(sys.argv[2]).resolve(), Path(sys.argv[3])
+        (out / "Stable-diffusion").mkdir(parents=True, exist_ok=True)
+        (out / "Lora").mkdir(parents=True, exist_ok=True)
+        (out / "VAE").mkdir(parents=True, exist_ok=True)
+        gguf_checkpoint(
+            forge, out / "Stable-diffusion" / "ferry-sd15-q8.gguf",
+            out / "VAE" / "ferry-sd15-vae-te.safetensors", 4,
+        )  # fmt: skip
+        lora(forge, out / "Lora" / "ferry-lora.safetensors", 3)
+        (out / "VERSION").write_text(str(GGUF_VERSION))
+        return
     forge, out = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
     (out / "Stable-diffusion").mkdir(parents=True, exist_ok=True)
     (out / "Lora").mkdir(parents=True, exist_ok=True)
