@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import torch
 
-from .safetensors import Header, HeaderError, StoredTensor
+from .header import Header, HeaderError, StoredTensor
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

@@ -16,13 +16,14 @@ import json
 import os
 import struct
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import torch
 
 from ..errors import ConfigError
 from ..units import PAGE
+from .gguf import is_gguf, read_gguf_header
+from .header import Header, HeaderError, StoredTensor
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -46,34 +47,6 @@ if hasattr(torch, "float8_e8m0fnu"):
     DTYPES["F8_E8M0"] = torch.float8_e8m0fnu
 NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 100 << 20  # the safetensors package's own limit
-
-
-@dataclass(frozen=True)
-class StoredTensor:
-    """One tensor in a file: where its bytes are (absolute file offsets)."""
-
-    key: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    start: int
-    end: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
-class Header:
-    path: str
-    entries: dict[str, StoredTensor]
-    metadata: dict[str, str]
-    raw: bytes  # the header bytes as stored (hashed into the cache key)
-    file_size: int
-
-
-class HeaderError(ValueError):
-    """The file is not a well-formed safetensors file."""
 
 
 def read_header(path: str | os.PathLike[str]) -> Header:
@@ -123,7 +96,6 @@ def read_checkpoint_header(path: str | os.PathLike[str], setting: str = "checkpo
         raise ConfigError(
             setting, f"{os.fspath(path)!r} is not a file; choose a .safetensors or .gguf file"
         )
-    from .gguf import is_gguf, read_gguf_header  # gguf builds on this module's types
 
     gguf = is_gguf(path)
     try:
