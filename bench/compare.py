@@ -230,7 +230,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m bench.compare",
         description=__doc__.split("\n")[0],
         epilog="modes: "
-        + ", ".join(modes.all_modes("cuda"))
+        + ", ".join(modes.all_modes())
         + ". Ferry suffixes: "
         + (modes.base_mode.__doc__ or "").split("Suffixes (Ferry only):")[-1].strip(),
     )
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = suite(args.suite, device)
     if args.modes:
         chosen = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-        unknown = {m for m in chosen if not modes.valid(m, device.type)}
+        unknown = {m for m in chosen if not modes.valid(m)}
         if unknown:
             print(f"unknown modes: {', '.join(sorted(unknown))}", file=sys.stderr)
             return 2

@@ -145,7 +145,7 @@ def load(
             raise CorruptEntry("its header fails its checksum")
         crcs = json.loads(md["ferry.crc32"])
         layers = QuantReport.layers_from_json(md["ferry.layers"])
-        _fill(entry, header, crcs, model, choices, device, progress)
+        _fill(entry, header, crcs, choices, device, progress)
     except (CorruptEntry, HeaderError, OSError, KeyError, TypeError, ValueError) as e:
         # ValueError covers JSON and torchao's own rebuild errors; nothing read is kept.
         restore(model, saved)
@@ -158,7 +158,6 @@ def _fill(
     entry: CacheEntry,
     header: Header,
     crcs: dict[str, int],
-    model: nn.Module,
     choices: list[LayerChoice],
     device: torch.device,
     progress: Progress | None,

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..disk.plan import CHUNK, ReadPlan, checksummed, open_plan
+from ..disk.plan import ReadPlan, checksummed, open_plan
 from ..errors import DiskPathError
 from ..formats.safetensors import NAMES, aligned_header, byte_view
 from ..model.layout import Entry
@@ -128,7 +128,7 @@ class GroupStore:
         tmp = path.with_name(path.name + ".tmp")
         data = byte_view(slab)
         chunks = checksummed([(0, 0, len(data))], data)  # file offsets from the data's start
-        header = group_header(entries, len(data), index, [c.crc for c in chunks])
+        header = group_header(entries, len(data))
         try:
             with open(tmp, "wb") as f:
                 f.write(header)
@@ -242,17 +242,12 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def group_header(entries: list[Entry], data_len: int, index: int, crcs: list[int]) -> bytes:
+def group_header(entries: list[Entry], data_len: int) -> bytes:
     """A safetensors header whose tensors sit at the slab's offsets (64-byte aligned), the
-    data section starting on a page boundary (formats.safetensors.aligned_header)."""
-    table: dict[str, Any] = {
-        "__metadata__": {
-            "ferry": "1",
-            "group": str(index),
-            "chunk": str(CHUNK),
-            "crc32": ",".join(map(str, crcs)),
-        }
-    }
+    data section starting on a page boundary (formats.safetensors.aligned_header). The
+    chunks' checksums stay in memory (the ReadPlan), not in the file: nothing reads a group
+    file's header back."""
+    table: dict[str, Any] = {"__metadata__": {"ferry": "1"}}
     for e in entries:
         names = e.inner_names or ("",)
         for part, inner in zip(e.parts, names):

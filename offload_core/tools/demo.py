@@ -138,9 +138,7 @@ def _run_offloaded(
     ref: torch.Tensor,
 ) -> Row:
     echo("offloading ...")
-    handle = apply_offload(
-        model, policy, onload_device=device, name="demo", progress=_progress(echo)
-    )
+    handle = apply_offload(model, policy, onload_device=device, name="demo", progress=_progress())
     echo(handle.plan.describe())
     try:
         _reset_peak(device)
@@ -157,7 +155,7 @@ def _run_offloaded(
     )  # fmt: skip
 
 
-def _progress(echo: Callable[[str], Any]) -> Callable[[int, int], None]:
+def _progress() -> Callable[[int, int], None]:
     from tqdm import tqdm
 
     bar: dict[str, Any] = {}
