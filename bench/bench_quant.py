@@ -5,7 +5,7 @@
 Per preset: load time cold (read the checkpoint and quantize, writing the cache) and warm
 (read the cache), bytes on disk, forward time resident and offloaded (apply_offload with
 --tier/--level), and the output's relative error against the full-precision model. The demo
-model (offload_core.tools.demo_model) is written to a temporary checkpoint first. torchao is imported
+model (offload_core.model.demo) is written to a temporary checkpoint first. torchao is imported
 and each preset run once on a tiny layer before any timing (one-time costs, reported apart). The page cache of the file a load reads
 is dropped before it (posix_fadvise DONTNEED) unless --keep-page-cache.
 """
@@ -39,9 +39,9 @@ from offload_core import (
     apply_offload,
 )
 from offload_core.formats.safetensors import read_header
+from offload_core.model.builders import demo_build
+from offload_core.model.demo import build_demo_model, demo_inputs
 from offload_core.quant import load_quantized, presets_for_device, quantize_model
-from offload_core.tools.builders import demo_build
-from offload_core.tools.demo_model import build_demo_model, demo_inputs
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MB = 1 << 20

@@ -162,7 +162,7 @@ def demo_factory(
         raise ConfigError("size_gb", f"must be > 0, got {size_gb!r}")
 
     def build() -> tuple[torch.nn.Module, dict[str, Any]]:
-        from .demo_model import build_demo_model, demo_inputs
+        from ..model.demo import build_demo_model, demo_inputs
 
         model = build_demo_model(size_gb=size_gb, dtype=dtype, seed=0)
         return model, demo_inputs(model, batch=1, tokens=tokens, seed=0)

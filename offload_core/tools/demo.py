@@ -20,11 +20,11 @@ import torch
 
 from ..api import apply_offload
 from ..errors import FerryError
+from ..model.demo import build_demo_model, demo_inputs
 from ..model.plan import resolve_device
 from ..policy import OffloadPolicy
 from ..runtime.memory import PeakRssSampler, ProcessMemory, device_memory
 from ..units import GB, fmt_bytes
-from .demo_model import build_demo_model, demo_inputs
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
