@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..disk.durable import atomic_write, fsync_dir
 from ..disk.plan import ReadPlan, checksummed, open_plan
 from ..errors import DiskPathError
 from ..formats.safetensors import NAMES, aligned_header, byte_view
@@ -84,14 +85,12 @@ class GroupStore:
         return store
 
     def _write_marker(self, state: str) -> None:
-        tmp = self.folder / (MARKER + ".tmp")
-        tmp.write_text(
-            json.dumps({"ferry": 1, "pid": os.getpid(), "state": state, "time": time.time()})
-        )
-        os.replace(tmp, self.folder / MARKER)
+        mark = {"ferry": 1, "pid": os.getpid(), "state": state, "time": time.time()}
+        with atomic_write(self.folder / MARKER, tmp=self.folder / (MARKER + ".tmp")) as f:
+            f.write(json.dumps(mark).encode())
 
     def mark_ready(self) -> None:
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)  # every group file's rename, before the marker says "ready"
         self._write_marker("ready")
 
     def reopen(self) -> None:
@@ -130,16 +129,11 @@ class GroupStore:
         chunks = checksummed([(0, 0, len(data))], data)  # file offsets from the data's start
         header = group_header(entries, len(data))
         try:
-            with open(tmp, "wb") as f:
+            # The folder is fsynced once for all groups, in mark_ready.
+            with atomic_write(path, tmp=tmp, before_replace=let_go, sync_folder=False) as f:
                 f.write(header)
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            if let_go is not None:
-                let_go()
-            os.replace(tmp, path)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
             if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                 raise DiskPathError(
                     "disk_path",
@@ -229,17 +223,6 @@ def _read_marker(folder: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data.get("ferry") == 1 else None
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except PermissionError:
-        return  # Windows opens no folder as a file: a rename there is the filesystem's to keep
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def group_header(entries: list[Entry], data_len: int) -> bytes:
