@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from bench import harness, models, modes, probes, report
-from offload_core.units import GB, GIB, fmt_bytes
+from offload_core.units import GB, fmt_bytes
 
 CPU_MODES = [
     "resident",
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     m = harness.machine(workdir)
-    echo(f"machine: {m['cpu']}, {m['cores']} cores, {m['ram'] / GIB:.0f} GiB RAM, GPU {m['gpu']}")
+    echo(f"machine: {m['cpu']}, {m['cores']} cores, {fmt_bytes(m['ram'])} RAM, GPU {m['gpu']}")
     echo(f"probing the raw disk read bandwidth of {m['disk']} ...")
     disk = probes.probe_disk(workdir)
     h2d = probes.probe_pinned_h2d() if device.type == "cuda" else None

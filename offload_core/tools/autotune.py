@@ -38,7 +38,7 @@ from ..policy import (
     parse_gib,
     parse_vram_budget,
 )
-from ..units import GIB
+from ..units import GIB, fmt_bytes
 from .measure import measure_policy
 
 #: Builds a fresh model and the keyword inputs of one forward: ``model(**inputs)``.
@@ -139,7 +139,7 @@ def _cell(v: Any) -> str:
 
 
 def _budget_text(n: int | None) -> str:
-    return "no limit" if n is None else f"{n / GIB:.4g} GB"
+    return "no limit" if n is None else fmt_bytes(n)
 
 
 def describe_policy(p: OffloadPolicy) -> str:
