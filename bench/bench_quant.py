@@ -5,7 +5,7 @@
 Per preset: load time cold (read the checkpoint and quantize, writing the cache) and warm
 (read the cache), bytes on disk, forward time resident and offloaded (apply_offload with
 --tier/--level), and the output's relative error against the full-precision model. The demo
-model (offload_core.tools.demo_model) is written to a temporary checkpoint first. torchao is imported
+model (offload_core.model.demo) is written to a temporary checkpoint first. torchao is imported
 and each preset run once on a tiny layer before any timing (one-time costs, reported apart). The page cache of the file a load reads
 is dropped before it (posix_fadvise DONTNEED) unless --keep-page-cache.
 """
@@ -39,12 +39,12 @@ from offload_core import (
     apply_offload,
 )
 from offload_core.formats.safetensors import read_header
+from offload_core.model.builders import demo_build
+from offload_core.model.demo import build_demo_model, demo_inputs
 from offload_core.quant import load_quantized, presets_for_device, quantize_model
-from offload_core.tools.builders import demo_build
-from offload_core.tools.demo_model import build_demo_model, demo_inputs
+from offload_core.units import MIB, fmt_bytes
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-MB = 1 << 20
 
 
 def drop_page_cache(path: str | None) -> None:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     reference: torch.Tensor | None = None
     print(
-        f"demo model {args.size_gb} GB {args.dtype}, checkpoint {ckpt.stat().st_size / MB:.1f} MiB, "
+        f"demo model {args.size_gb} GB {args.dtype}, checkpoint {fmt_bytes(ckpt.stat().st_size)}, "
         f"device {args.device}, offload {args.level}/{args.tier}, tokens {args.tokens}, "
         f"torch threads {torch.get_num_threads()}, torchao import {import_s:.2f} s and "
         f"first-call warm-up {warm_up_s:.2f} s (not in the loads), page cache "
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 "warm_s": warm if preset != "none" else None,
                 "speedup": cold / warm if preset != "none" else None,
                 # "none" is never cached: its bytes on disk are the checkpoint's.
-                "disk_mib": Path(report.cache_path or ckpt).stat().st_size / MB,
+                "disk_mib": Path(report.cache_path or ckpt).stat().st_size / MIB,
                 "resident_s": resident_s,
                 "offloaded_s": offloaded_s,
                 "exact": bool(torch.equal(off_out, out)),

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from bench import harness, models, modes, probes, report
-from offload_core.units import GB, GIB, fmt_bytes
+from offload_core.units import GB, fmt_bytes
 
 CPU_MODES = [
     "resident",
@@ -230,7 +230,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m bench.compare",
         description=__doc__.split("\n")[0],
         epilog="modes: "
-        + ", ".join(modes.all_modes("cuda"))
+        + ", ".join(modes.all_modes())
         + ". Ferry suffixes: "
         + (modes.base_mode.__doc__ or "").split("Suffixes (Ferry only):")[-1].strip(),
     )
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = suite(args.suite, device)
     if args.modes:
         chosen = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-        unknown = {m for m in chosen if not modes.valid(m, device.type)}
+        unknown = {m for m in chosen if not modes.valid(m)}
         if unknown:
             print(f"unknown modes: {', '.join(sorted(unknown))}", file=sys.stderr)
             return 2
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     m = harness.machine(workdir)
-    echo(f"machine: {m['cpu']}, {m['cores']} cores, {m['ram'] / GIB:.0f} GiB RAM, GPU {m['gpu']}")
+    echo(f"machine: {m['cpu']}, {m['cores']} cores, {fmt_bytes(m['ram'])} RAM, GPU {m['gpu']}")
     echo(f"probing the raw disk read bandwidth of {m['disk']} ...")
     disk = probes.probe_disk(workdir)
     h2d = probes.probe_pinned_h2d() if device.type == "cuda" else None

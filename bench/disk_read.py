@@ -25,9 +25,7 @@ from pathlib import Path
 from bench.probes import drop_page_cache
 from bench.report import md_table
 from offload_core.disk.posix import MADV_POPULATE_READ
-from offload_core.units import GB
-
-MiB = 1 << 20
+from offload_core.units import GB, MIB, fmt_bytes
 
 
 def _read(path: Path, threads: int, chunk: int, crc: bool, direct: bool, size: int) -> None:
@@ -52,7 +50,7 @@ def _read(path: Path, threads: int, chunk: int, crc: bool, direct: bool, size: i
         os.close(fd)
 
 
-def _populate(path: Path, size: int, chunk: int = 340 * MiB) -> None:
+def _populate(path: Path, size: int, chunk: int = 340 * MIB) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         mm = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
@@ -82,15 +80,15 @@ def beside_compute(path: Path, size: int, rounds: int) -> None:
         return time.perf_counter() - t0
 
     reads = {
-        "O_DIRECT, 4 threads x 16 MiB (Ferry, cpu_read='copy')": lambda: _read(
-            path, 4, 16 * MiB, False, True, size
+        "O_DIRECT, 4 threads x 16 MIB (Ferry, cpu_read='copy')": lambda: _read(
+            path, 4, 16 * MIB, False, True, size
         ),
         "MADV_POPULATE_READ, 340 MB at a time (Ferry, cpu_read='mapped')": lambda: _populate(
             path, size
         ),
     }
     compute()  # warm up the matmul kernels
-    print(f"compute beside a cold read of {size / GB:.2f} GB, {rounds} rounds, median")
+    print(f"compute beside a cold read of {fmt_bytes(size)}, {rounds} rounds, median")
     head = (
         "read beside compute",
         "compute alone s",
@@ -129,23 +127,23 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
-    size = int(args.size_gb * GB) // (16 * MiB) * (16 * MiB)
+    size = int(args.size_gb * GB) // (16 * MIB) * (16 * MIB)
     path = folder / "read-probe.bin"
-    block = os.urandom(16 * MiB)
+    block = os.urandom(16 * MIB)
     with open(path, "wb") as f:
         for _ in range(size // len(block)):
             f.write(block)
         os.fsync(f.fileno())
     variants = [
-        ("1 thread, 16 MiB", 1, 16 * MiB, False, False),
-        ("4 threads, 16 MiB (Ferry's read path minus CRC)", 4, 16 * MiB, False, False),
-        ("4 threads, 16 MiB + CRC32 (Ferry's read path)", 4, 16 * MiB, True, False),
-        ("1 thread, 16 MiB + CRC32", 1, 16 * MiB, True, False),
-        ("2 threads, 16 MiB", 2, 16 * MiB, False, False),
-        ("1 thread, 64 MiB", 1, 64 * MiB, False, False),
-        ("1 thread, 16 MiB, O_DIRECT", 1, 16 * MiB, False, True),
-        ("4 threads, 16 MiB, O_DIRECT", 4, 16 * MiB, False, True),
-        ("4 threads, 16 MiB, O_DIRECT + CRC32", 4, 16 * MiB, True, True),
+        ("1 thread, 16 MIB", 1, 16 * MIB, False, False),
+        ("4 threads, 16 MIB (Ferry's read path minus CRC)", 4, 16 * MIB, False, False),
+        ("4 threads, 16 MIB + CRC32 (Ferry's read path)", 4, 16 * MIB, True, False),
+        ("1 thread, 16 MIB + CRC32", 1, 16 * MIB, True, False),
+        ("2 threads, 16 MIB", 2, 16 * MIB, False, False),
+        ("1 thread, 64 MIB", 1, 64 * MIB, False, False),
+        ("1 thread, 16 MIB, O_DIRECT", 1, 16 * MIB, False, True),
+        ("4 threads, 16 MIB, O_DIRECT", 4, 16 * MIB, False, True),
+        ("4 threads, 16 MIB, O_DIRECT + CRC32", 4, 16 * MIB, True, True),
     ]
     if args.beside_compute:
         try:
@@ -153,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             path.unlink()
         return 0
-    print(f"cold reads of a {size / GB:.2f} GB file in {folder}")
+    print(f"cold reads of a {fmt_bytes(size)} file in {folder}")
     rows = []
     try:
         for name, threads, chunk, crc, direct in variants:

@@ -32,7 +32,7 @@ from torch import nn
 
 from bench import probes, report
 from offload_core import BlockLevel, DiskTier, OffloadPolicy, apply_offload
-from offload_core.units import GB
+from offload_core.units import GB, fmt_bytes
 
 Q8 = gguf.GGMLQuantizationType.Q8_0
 ROW_BYTES = 34  # 32 int8 values and their fp16 scale
@@ -127,7 +127,7 @@ def run(size_gb: float, width: int, tokens: int, rounds: int, workdir: Path, ech
     workdir.mkdir(parents=True, exist_ok=True)
     block_bytes = 4 * width * width // 32 * ROW_BYTES
     depth = max(2, int(size_gb * GB // block_bytes))
-    echo(f"GGUF Q8_0 net: {depth} blocks of width {width}, {depth * block_bytes / GB:.2f} GiB")
+    echo(f"GGUF Q8_0 net: {depth} blocks of width {width}, {fmt_bytes(depth * block_bytes)}")
     gpath, spath = write_files(workdir, width, depth, echo)
     x = torch.randn(tokens, width, generator=torch.Generator().manual_seed(1))
     models: dict[str, Net] = {"resident": load(gpath, width, depth, copy=True)}

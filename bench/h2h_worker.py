@@ -22,6 +22,7 @@ import torch
 
 from bench import harness, probes
 from offload_core import PeakRssSampler, process_memory
+from offload_core.units import fmt_bytes
 
 
 def squat(device: torch.device, cap_bytes: int | None) -> torch.Tensor | None:
@@ -30,7 +31,7 @@ def squat(device: torch.device, cap_bytes: int | None) -> torch.Tensor | None:
         return None
     free, _total = torch.cuda.mem_get_info(device)
     if free <= cap_bytes:
-        raise RuntimeError(f"only {free / 1e9:.1f} GB free, cannot cap at {cap_bytes / 1e9:.1f}")
+        raise RuntimeError(f"only {fmt_bytes(free)} free, cannot cap at {fmt_bytes(cap_bytes)}")
     return torch.empty(free - cap_bytes, dtype=torch.uint8, device=device)
 
 

@@ -4,7 +4,7 @@ same bytes:
 
 - ``flux``: diffusers' FluxTransformer2DModel built from a config (depth and width reduced to
   fit the machine) with seeded random weights: the architecture the peers were written for.
-- ``dit``: Ferry's synthetic DiT (offload_core.tools.demo_model) at a size flag.
+- ``dit``: Ferry's synthetic DiT (offload_core.model.demo) at a size flag.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def empty_model(spec: ModelSpec) -> nn.Module:
                 axes_dims_rope=(16, 56, 56),
             )
         elif spec.kind == "dit":
-            from offload_core.tools.demo_model import DemoDiT, _shape_for
+            from offload_core.model.demo import DemoDiT, _shape_for
 
             dim, n_double, n_single = _shape_for(spec.size_gb, DTYPES[spec.dtype])
             model = DemoDiT(dim, max(dim // 64, 1), n_double, n_single)
@@ -87,7 +87,7 @@ def empty_model(spec: ModelSpec) -> nn.Module:
 
 def _init_(spec: ModelSpec, name: str, p: torch.Tensor, gen: torch.Generator) -> None:
     """The seeded initial value of one float32 parameter, in place (one rule per kind; the
-    demo DiT's is offload_core.tools.demo_model's)."""
+    demo DiT's is offload_core.model.demo's)."""
     if spec.kind == "dit":
         if name.endswith("bias"):
             p.normal_(0.0, 0.02, generator=gen)
@@ -105,7 +105,7 @@ def _init_(spec: ModelSpec, name: str, p: torch.Tensor, gen: torch.Generator) ->
 def build_model(spec: ModelSpec) -> nn.Module:
     """Seeded random weights (normal, std 1/sqrt(fan_in); biases 0.02), on the CPU."""
     if spec.kind == "dit":
-        from offload_core.tools.demo_model import build_demo_model
+        from offload_core.model.demo import build_demo_model
 
         return build_demo_model(spec.size_gb, DTYPES[spec.dtype], seed=spec.seed)
     model = empty_model(spec).to_empty(device="cpu")
@@ -169,7 +169,7 @@ def make_inputs(spec: ModelSpec, inp: InputSpec, model: nn.Module) -> dict[str, 
     dtype = DTYPES[spec.dtype]
     b = inp.batch
     if spec.kind == "dit":
-        from offload_core.tools.demo_model import demo_inputs
+        from offload_core.model.demo import demo_inputs
 
         x = demo_inputs(model, batch=b, tokens=inp.tokens, seed=inp.seed)  # type: ignore[arg-type]
         x["txt"] = x["txt"][:, : inp.txt_tokens] if inp.txt_tokens else x["txt"]

@@ -30,7 +30,7 @@ class Applied:
     cleanup: Callable[[], None] | None = None
 
 
-def all_modes(device_type: str) -> list[str]:
+def all_modes() -> list[str]:
     ferry = [f"ferry-{lv}-{t}" for lv in FERRY_LEVELS for t in FERRY_TIERS]
     ferry.append("ferry-block-disk-ckpt")
     peers = [
@@ -60,8 +60,8 @@ def is_disk(mode: str) -> bool:
     return m.endswith("-disk") or m.endswith("-disk-ckpt")
 
 
-def valid(mode: str, device_type: str) -> bool:
-    if base_mode(mode) not in all_modes(device_type):
+def valid(mode: str) -> bool:
+    if base_mode(mode) not in all_modes():
         return False
     extras = mode.split("+")[1:]
     return not extras or (

@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     names = [m for m in a.modes.split(",") if m]
-    bad = [m for m in names if m == "resident" or not modes.valid(m, device.type)]
+    bad = [m for m in names if m == "resident" or not modes.valid(m)]
     if bad:
         p.error(f"unknown mode(s) {bad}; see python -m bench.compare --help")
     if a.rounds < 1:

@@ -22,15 +22,13 @@ import torch
 from bench.probes import drop_page_cache
 from bench.report import md_table
 from offload_core.disk.host_memory import _page_aligned, host_buffer
-from offload_core.units import GB
-
-MiB = 1 << 20
+from offload_core.units import GB, MIB, fmt_bytes
 
 
 def _destinations(request: int) -> dict[str, memoryview]:
     filled = _page_aligned(request)
     filled.fill_(1)  # torch fills with its thread pool: pages faulted by several threads
-    shared = mmap.mmap(-1, 64 * MiB)  # the benchmark's raw read: one reused 64 MiB buffer
+    shared = mmap.mmap(-1, 64 * MIB)  # the benchmark's raw read: one reused 64 MiB buffer
     shared.write(b"\0" * len(shared))
 
     def view(t: torch.Tensor) -> memoryview:
@@ -68,12 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--dir", default=os.environ.get("FERRY_BENCH_DIR", "/tmp/ferry-bench"))
     a = p.parse_args(argv)
-    request = a.request_mb * MiB
+    request = a.request_mb * MIB
     size = int(a.size_gb * GB) // request * request
     folder = Path(a.dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "destination-probe.bin"
-    block = os.urandom(16 * MiB)
+    block = os.urandom(16 * MIB)
     with open(path, "wb") as f:
         for _ in range(size // len(block) + 1):
             f.write(block)
@@ -89,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 rates[name].append(size / (time.perf_counter() - t0) / GB)
     finally:
         path.unlink()
-    print(f"cold O_DIRECT reads of {size / GB:.2f} GB in {a.request_mb} MiB requests, "
+    print(f"cold O_DIRECT reads of {fmt_bytes(size)} in {a.request_mb} MiB requests, "
           f"{a.rounds} rounds (shuffled), median GB/s")  # fmt: skip
     rows = [
         (name, f"{statistics.median(r):.2f}", f"{min(r):.2f}-{max(r):.2f}")

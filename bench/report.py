@@ -1,7 +1,7 @@
 """Every benchmark table, in one module: the drivers measure, this writes what they measured.
 
-Units as offload_core/units.py names them: bytes of memory in GiB-based units (``fmt_bytes``),
-bytes moved and rates in decimal GB and GB/s (``GB``).
+Units as offload_core/units.py names them: bytes, held or moved, in GiB-based units
+(``fmt_bytes``); rates in decimal GB/s (``GB``).
 """
 
 from __future__ import annotations
@@ -32,11 +32,6 @@ def md_table(head: Row, rows: Sequence[Row], *, pad: bool = True) -> str:
     return "\n".join([line(head), sep, *map(line, rows)])
 
 
-def gb(n: float | None) -> str:
-    """Bytes moved, in decimal GB."""
-    return "-" if not n else f"{n / GB:.2f} GB"
-
-
 def rate(gbps: float | None, ceiling: float | None) -> str:
     """A rate in GB/s with its fraction of ``ceiling`` (a measured raw rate)."""
     return f"{gbps:.2f} ({gbps / ceiling:.0%})" if gbps and ceiling else "-"
@@ -60,7 +55,7 @@ def machine_line(m: dict[str, Any], *, threads: bool = False, python: bool = Fal
     cores = f"{m['cores']} cores" + (f" ({m['torch_threads']} torch threads)" if threads else "")
     py = f"Python {m['python']}, " if python else ""
     return (
-        f"Machine: {m['cpu']}, {cores}, {m['ram'] / 2**30:.0f} GiB RAM, disk {m['disk']}, "
+        f"Machine: {m['cpu']}, {cores}, {fmt_bytes(m['ram'])} RAM, disk {m['disk']}, "
         f"GPU {m['gpu'] or 'none'}; {py}torch {v['torch']}, diffusers {v['diffusers']}, "
         f"accelerate {v['accelerate']}, safetensors {v['safetensors']}."
     )
@@ -95,9 +90,9 @@ def forward_tables(
                 fmt_bytes(r["trimmed_rss"]["rss_anon"]),
                 fmt_bytes(r["peak_rss"]["rss_file"]),
                 fmt_bytes(r["peak_vram"]),
-                gb(disk) if disk > 1 << 20 else "-",
+                fmt_bytes(disk) if disk > 1 << 20 else "-",
                 rate(disk / s / GB if disk > 1 << 20 else None, raw_disk),
-                gb(dev),
+                fmt_bytes(dev) if dev else "-",
                 rate(dev / s / GB if dev else None, pinned_h2d),
                 equal_cell(r),
             )

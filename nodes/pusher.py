@@ -40,7 +40,3 @@ def ensure_pushing() -> None:
         mon.add_listener(on_tick)
         mon.start()
         _state["started"] = True
-
-
-def is_pushing() -> bool:
-    return bool(_state["started"])

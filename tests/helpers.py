@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from offload_core.tools.demo_model import build_demo_model, demo_inputs
+from offload_core.model.demo import build_demo_model, demo_inputs
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

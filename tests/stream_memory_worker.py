@@ -15,8 +15,8 @@ from torch import nn
 from offload_core import BlockLevel, DiskTier, OffloadPolicy
 from offload_core.formats.safetensors import read_header, write_file
 from offload_core.loader import load_offloaded
+from offload_core.model.demo import DemoDiT, _shape_for, demo_inputs
 from offload_core.runtime.memory import PeakRssSampler
-from offload_core.tools.demo_model import DemoDiT, _shape_for, demo_inputs
 
 GB = 1e9
 #: Each file is about 1.3 GB: at least twice the test's 600 MiB limit.

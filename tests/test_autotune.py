@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from offload_core import BlockLevel, ConfigError, OffloadPolicy, RamTier, plan_offload
+from offload_core.model.demo import build_demo_model
 from offload_core.tools.autotune import Budget, TuneRow, autotune, demo_factory, main, recommend
-from offload_core.tools.demo_model import build_demo_model
 
 SIZE_GB = 0.002  # 2 double + 4 single blocks: every candidate runs in well under a second
 GIB = 1 << 30

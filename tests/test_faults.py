@@ -100,7 +100,7 @@ def test_disk_path_too_small_is_refused_before_writing(tmp_path):
     with tmpfs(tmp_path / "small", "2m") as small:
         msg = str(_disk_error(str(small)))
         assert list(small.iterdir()) == [], "nothing written"
-    assert "GB free" in msg and "need" in msg
+    assert "2.00 MiB free" in msg and "need" in msg
 
 
 def test_disk_filling_up_mid_write_loses_nothing(tmp_path, monkeypatch):

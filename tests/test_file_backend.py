@@ -26,7 +26,7 @@ from offload_core import (
 from offload_core.disk.files import FileBackend, files, platform_backend, using
 from offload_core.disk.portable import PortableFiles
 from offload_core.disk.posix import PosixFiles
-from offload_core.tools.demo_model import DemoDiT
+from offload_core.model.demo import DemoDiT
 from tests.helpers import make_model, reference
 
 

@@ -32,7 +32,7 @@ SLEEP_CYCLES = 20_000_000  # ~10 ms on an H100: far longer than a small group's 
 
 
 def _ref(dtype, quant="plain"):
-    from offload_core.tools.demo_model import demo_inputs
+    from offload_core.model.demo import demo_inputs
 
     model = make_model(dtype, quant)
     x = demo_inputs(model, tokens=64, seed=3, device="cuda")
@@ -98,7 +98,7 @@ def test_clean_under_cuda_sanitizer(tmp_path):
 import torch
 from offload_core import apply_offload, OffloadPolicy, DiskTier, PinnedRamTier, BlockLevel
 from tests.helpers import make_model
-from offload_core.tools.demo_model import demo_inputs
+from offload_core.model.demo import demo_inputs
 for tier in (PinnedRamTier(), DiskTier({str(tmp_path)!r})):
     m = make_model("fp32")
     x = demo_inputs(m, tokens=32, device="cuda")

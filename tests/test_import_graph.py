@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
     {"__init__"},
 ]
 #: A command line (``python -m offload_core.quant``) is imported by nothing: it sits above
-#: every layer.
+#: every layer, yet belongs to its folder (``test_no_package_cycles``).
 ENTRY_POINT = "__main__"
 
 
@@ -130,3 +130,36 @@ def test_no_module_cycles() -> None:
     # A package's __init__ re-exporting its own modules is not a cycle of meaning.
     real = [c for c in cycles if not all(m == c[0] or m.startswith(c[0] + ".") for m in c)]
     assert not real, "import cycles:\n" + "\n".join(" -> ".join(c) for c in real)
+
+
+def test_no_package_cycles() -> None:
+    """The same, one folder at a time: a package's modules (its ``__main__`` included) and
+    another package's may not import each other. ``python -m offload_core.quant`` importing
+    ``tools`` while ``tools`` imports ``quant`` is a loop between two folders even though
+    nothing imports ``__main__`` itself."""
+    rooms: dict[str, set[str]] = {}
+    for m, targets in graph().items():
+        rm = layer_of(m)[1]
+        for t in targets:
+            rt = layer_of(t)[1]
+            if rt != rm:
+                rooms.setdefault(rm, set()).add(rt)
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(r: str) -> None:
+        state[r] = 1
+        path.append(r)
+        for t in sorted(rooms.get(r, ())):
+            if state.get(t) == 1:
+                cycles.append([*path[path.index(t) :], t])
+            elif t not in state:
+                visit(t)
+        path.pop()
+        state[r] = 2
+
+    for r in sorted(rooms):
+        if r not in state:
+            visit(r)
+    assert not cycles, "package cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from offload_core import BlockLevel, OffloadPolicy, RamTier, apply_offload
-from offload_core.tools.demo_model import build_demo_model, demo_inputs
+from offload_core.model.demo import build_demo_model, demo_inputs
 from offload_core.tools.monitor import Monitor, OffloadSample, get_monitor
 
 

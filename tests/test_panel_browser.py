@@ -105,7 +105,7 @@ def test_disk_path_check_reacts_as_typed(page: Any, tmp_path: Path) -> None:
     _wait_text(page, "#ferry-disk-check", "is a file, not a folder")
     field.fill(str(tmp_path / "swap"))
     text = _wait_text(page, "#ferry-disk-check", "will be created")
-    assert "GB free" in text and "the offloaded groups need" in text
+    assert "GiB free" in text and "the offloaded groups need" in text
     assert not (tmp_path / "swap").exists()
 
 

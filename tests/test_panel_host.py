@@ -31,7 +31,7 @@ class Host:
 def hosted(pack: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, ...]]:
     panel = importlib.import_module(f"{pack.__name__}.web.panel")
     oc = importlib.import_module(f"{pack.__name__}.offload_core")
-    demo_model = importlib.import_module(f"{pack.__name__}.offload_core.tools.demo_model")
+    demo_model = importlib.import_module(f"{pack.__name__}.offload_core.model.demo")
     host = Host()
 
     def hook(handle: Any, policy: Any) -> str:

@@ -42,7 +42,7 @@ def test_disk_check_reacts_and_never_creates_anything(pack: ModuleType, tmp_path
     check = sub(pack, "web.panel.disk_check").check_disk_path
     new = tmp_path / "a" / "b"
     r = check(str(new), 1 << 20)
-    assert r.ok and "will be created" in r.message and "need 1.0 MB" in r.message
+    assert r.ok and "will be created" in r.message and "need 1.00 MiB" in r.message
     assert not (tmp_path / "a").exists()
     r = check(str(tmp_path), 1 << 20)
     assert r.ok and "exists and is writable" in r.message
@@ -60,7 +60,7 @@ def test_disk_check_reacts_and_never_creates_anything(pack: ModuleType, tmp_path
     r = check("", None)
     assert not r.ok and r.message.startswith("type a folder")
     r = check(str(tmp_path), 1 << 60)  # an exabyte: no disk has that free
-    assert not r.ok and "the offloaded groups need" in r.message and "GB free" in r.message
+    assert not r.ok and "the offloaded groups need" in r.message and "GiB free" in r.message
     r = check("/tmp/\x00bad", None)
     assert not r.ok and "not a usable path" in r.message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.bin"]

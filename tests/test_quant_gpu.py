@@ -20,8 +20,8 @@ from offload_core import (
     apply_offload,
 )
 from offload_core.errors import ConfigError
+from offload_core.model.demo import DemoDiT, build_demo_model, demo_inputs
 from offload_core.quant import PRESETS, load_quantized, presets_for_device, quantize_model
-from offload_core.tools.demo_model import DemoDiT, build_demo_model, demo_inputs
 
 pytestmark = [
     pytest.mark.gpu,

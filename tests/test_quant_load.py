@@ -14,9 +14,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from offload_core.errors import ConfigError
+from offload_core.model.demo import DemoDiT, demo_inputs
 from offload_core.quant import cache as cache_mod
 from offload_core.quant import load_quantized, quantize_model
-from offload_core.tools.demo_model import DemoDiT, demo_inputs
 from tests.helpers import same_weights, tmpfs, torchao_quantize
 
 CPU_QUANT = ["int8-weight", "int8-dynamic", "float8-weight"]

@@ -18,8 +18,8 @@ from offload_core import (
     RamTier,
     apply_offload,
 )
+from offload_core.model.demo import DemoDiT, build_demo_model, demo_inputs
 from offload_core.quant import Preset, SkipRules, load_quantized, quantize_model
-from offload_core.tools.demo_model import DemoDiT, build_demo_model, demo_inputs
 
 # IntxUnpackedToInt8Tensor cannot be pinned as a whole (its dispatch lacks aten.is_pinned,
 # so .pin_memory() raises NotImplementedError): the pinned tier must pin its inner

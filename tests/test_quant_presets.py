@@ -133,7 +133,7 @@ def test_cli_lists_presets_and_refuses_a_gpu_preset(tmp_path: Path) -> None:
 def test_cli_loads_a_demo_checkpoint_through_the_cache(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    from offload_core.tools.demo_model import build_demo_model
+    from offload_core.model.demo import build_demo_model
 
     ckpt = tmp_path / "demo.safetensors"
     save_file(build_demo_model(size_gb=0.0015, dtype=torch.bfloat16).state_dict(), str(ckpt))

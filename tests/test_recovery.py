@@ -29,8 +29,8 @@ from offload_core import (
 from offload_core.disk.files import files
 from offload_core.errors import WeightsLostError
 from offload_core.loader import load_offloaded
+from offload_core.model.demo import DemoDiT, build_demo_model, demo_inputs
 from offload_core.sources import disk_folder
-from offload_core.tools.demo_model import DemoDiT, build_demo_model, demo_inputs
 from tests.helpers import fail_first_read_with_eio, flip_byte, make_model, reference, tmpfs
 
 PREFIX = "model.diffusion_model."

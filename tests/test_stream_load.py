@@ -26,7 +26,7 @@ from offload_core import (
     RamTier,
 )
 from offload_core.loader import load_offloaded
-from offload_core.tools.demo_model import DemoDiT, build_demo_model, demo_inputs
+from offload_core.model.demo import DemoDiT, build_demo_model, demo_inputs
 
 
 def _save(model: nn.Module, path: Path, prefix: str = "") -> Path:

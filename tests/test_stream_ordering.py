@@ -16,7 +16,7 @@ from offload_core import (
     apply_offload,
 )
 from offload_core import api as apply_mod
-from offload_core.tools.demo_model import build_demo_model, demo_inputs
+from offload_core.model.demo import build_demo_model, demo_inputs
 from offload_core.transfer.copies import Transfers
 from tests.helpers import make_uneven_model
 from tests.sanitizer_backend import ComputeKernels, SanitizerBackend

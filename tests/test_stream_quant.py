@@ -18,8 +18,8 @@ from torch import nn
 
 from offload_core import BlockLevel, ConfigError, DiskTier, LeafLevel, OffloadPolicy, RamTier
 from offload_core.loader import load_offloaded
+from offload_core.model.demo import DemoDiT, build_demo_model, demo_inputs
 from offload_core.quant.selection import is_quantized
-from offload_core.tools.demo_model import DemoDiT, build_demo_model, demo_inputs
 from tests.helpers import torchao_quantize
 
 pytest.importorskip("torchao")

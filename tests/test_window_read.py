@@ -21,8 +21,8 @@ from offload_core.disk.host_memory import host_buffer
 from offload_core.disk.plan import CHUNK, Chunk, open_plan, window_for
 from offload_core.disk.reader import read_window
 from offload_core.errors import CorruptGroupFileError
+from offload_core.model.demo import DemoDiT
 from offload_core.model.layout import align_up
-from offload_core.tools.demo_model import DemoDiT
 from offload_core.units import PAGE
 from tests.helpers import make_model, reference
 

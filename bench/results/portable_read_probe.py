@@ -22,7 +22,7 @@ from offload_core.disk.files import FileBackend
 from offload_core.disk.portable import PortableFiles
 from offload_core.disk.posix import PosixFiles
 from offload_core.formats.safetensors import byte_view
-from offload_core.units import GB
+from offload_core.units import GB, fmt_bytes
 
 path = Path(sys.argv[1])
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -63,7 +63,7 @@ for r in range(rounds):
         flush=True,
     )
 print(
-    f"{size / GB:.2f} GB in {request >> 20} MiB requests, cold, buffered, {rounds} rounds (GB/s):"
+    f"{fmt_bytes(size)} in {fmt_bytes(request)} requests, cold, buffered, {rounds} rounds (GB/s):"
 )
 rows = []
 for b, d in variants:

@@ -12,7 +12,7 @@ import sys
 
 from ..errors import FerryError
 from ..formats.safetensors import read_checkpoint_header
-from ..tools.builders import demo_build, import_build
+from ..model.builders import demo_build, import_build
 from .presets import PRESETS, resolve_preset
 
 

@@ -4,9 +4,9 @@ An entry is never trusted on its name alone. Its header carries the full key (th
 size, mtime and header hash; preset; skip rules; device type; the model's tensor signature;
 torchao's version), a CRC32 of every tensor and a CRC32 of the header itself. A key mismatch
 is "stale", any other mismatch or unreadable byte is "corrupt"; both are rebuilt. Writes go to
-a temporary file in the same folder, are fsynced and renamed over the entry, so a reader sees
-either the old entry or the complete new one; a failed write (disk full) removes its
-temporary file and the load still returns the model.
+a temporary file in the same folder, are fsynced and renamed over the entry (disk/durable.py's
+atomic_write), so a reader sees either the old entry or the complete new one; a failed write
+(disk full) removes its temporary file and the load still returns the model.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import shutil
 import zlib
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from typing import BinaryIO
 import torch
 from torch import nn
 
+from ..disk.durable import atomic_write
 from ..errors import ConfigError
 from ..formats.safetensors import Header, HeaderError, byte_view, read_header, read_new, write_file
 from ..runtime.memory import trim_heap
@@ -145,7 +145,7 @@ def load(
             raise CorruptEntry("its header fails its checksum")
         crcs = json.loads(md["ferry.crc32"])
         layers = QuantReport.layers_from_json(md["ferry.layers"])
-        _fill(entry, header, crcs, model, choices, device, progress)
+        _fill(entry, header, crcs, choices, device, progress)
     except (CorruptEntry, HeaderError, OSError, KeyError, TypeError, ValueError) as e:
         # ValueError covers JSON and torchao's own rebuild errors; nothing read is kept.
         restore(model, saved)
@@ -158,7 +158,6 @@ def _fill(
     entry: CacheEntry,
     header: Header,
     crcs: dict[str, int],
-    model: nn.Module,
     choices: list[LayerChoice],
     device: torch.device,
     progress: Progress | None,
@@ -244,19 +243,13 @@ def save(entry: CacheEntry, choices: list[LayerChoice], report: QuantReport) -> 
     free = shutil.disk_usage(folder).free
     if free < need + SPARE_BYTES:
         return f"write skipped: needs {need} bytes, {free} free in {folder}"
-    tmp = folder / f".{entry.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
-        with open(tmp, "wb") as f:
+        with atomic_write(entry.path) as f:
             write_file(f, specs, metadata, _tensors_in_order(choices), write=_write_chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, entry.path)
-        _fsync_dir(folder)
     except OSError as e:
         log.warning("ferry: could not write cache entry %s: %s", entry.path, e)
         return f"write failed: {e.strerror or e}"
     finally:
-        tmp.unlink(missing_ok=True)
         trim_heap()  # the per-layer clones torchao's flatten made
     return ""
 
@@ -271,19 +264,3 @@ def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
 def _tensors_in_order(choices: list[LayerChoice]) -> Iterator[tuple[str, torch.Tensor]]:
     for tensors, _ in _flattened(choices):
         yield from tensors.items()
-
-
-def _fsync_dir(folder: Path) -> None:
-    # Some filesystems refuse to open or fsync a folder; the rename is still atomic, only its
-    # durability across a power cut is not promised there.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError as e:
-        log.debug("ferry: cannot open %s to fsync it (%s)", folder, e)
-        return
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        log.debug("ferry: fsync of folder %s refused (%s)", folder, e)
-    finally:
-        os.close(fd)

@@ -65,11 +65,6 @@ class CheckpointWeights:
         index = CheckpointIndex.open(path, setting)
         return cls(index, index.match(model, prefix), prefix, convert, changed)
 
-    @staticmethod
-    def read(path: str | os.PathLike[str], setting: str) -> dict[str, StoredTensor]:
-        """The file's tensors by key, checked (a ConfigError naming ``setting``)."""
-        return CheckpointIndex.open(path, setting).entries
-
     def materialize(self, model: nn.Module, device: torch.device | str) -> None:
         """Every meta tensor of ``model`` read whole onto ``device`` (a plain, resident load)."""
         with self:

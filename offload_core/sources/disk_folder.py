@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError, DiskPathError
 from ..policy import parse_disk_path
-from ..units import GIB, MIB
+from ..units import fmt_bytes
 
 #: Free space kept beside the group files, so Ferry never fills a disk to the last byte.
 SPACE_MARGIN = 64 << 20
@@ -74,8 +74,8 @@ def check_room(root: Path, need_bytes: int, reclaim: int) -> None:
     if free < need_bytes + SPACE_MARGIN:
         raise DiskPathError(
             "disk_path",
-            f"{root} has {free / GIB:.2f} GB free but the offloaded groups need "
-            f"{need_bytes / GIB:.2f} GB (+{SPACE_MARGIN // MIB} MB margin); free space or "
+            f"{root} has {fmt_bytes(free)} free but the offloaded groups need "
+            f"{fmt_bytes(need_bytes)} (+{fmt_bytes(SPACE_MARGIN)} margin); free space or "
             "choose a disk_path on a larger drive",
         )
 
@@ -120,11 +120,6 @@ class FolderCheck:
         return self.path
 
 
-def size_text(n: int) -> str:
-    # Small test models would all read "0.00 GB".
-    return f"{n / GIB:.2f} GB" if n >= GIB // 10 else f"{n / MIB:.1f} MB"
-
-
 def check_disk_folder(text: str | None, needed_bytes: int | None = None) -> FolderCheck:
     """Checks ``text`` as the disk tier's folder for ``needed_bytes`` of group files (plus
     ``SPACE_MARGIN``): a full path, a folder or creatable, writable, roomy. Read-only."""
@@ -164,19 +159,19 @@ def _why_unusable(path: Path) -> tuple[str | None, Path]:
 def _room_verdict(path: Path, free: int, needed: int | None) -> FolderCheck:
     state = "exists and is writable" if path.exists() else "will be created"
     if needed is None:
-        return FolderCheck(True, f"{path} {state}; {size_text(free)} free", path, free)
+        return FolderCheck(True, f"{path} {state}; {fmt_bytes(free)} free", path, free)
     if free < needed + SPACE_MARGIN:
         return FolderCheck(
             False,
-            f"{path} has {size_text(free)} free, the offloaded groups need {size_text(needed)} "
-            f"(+{SPACE_MARGIN >> 20} MB margin); pick a folder on a disk with more room",
+            f"{path} has {fmt_bytes(free)} free, the offloaded groups need {fmt_bytes(needed)} "
+            f"(+{fmt_bytes(SPACE_MARGIN)} margin); pick a folder on a disk with more room",
             path,
             free,
             needed,
         )
     return FolderCheck(
         True,
-        f"{path} {state}; {size_text(free)} free, the offloaded groups need {size_text(needed)}",
+        f"{path} {state}; {fmt_bytes(free)} free, the offloaded groups need {fmt_bytes(needed)}",
         path,
         free,
         needed,

@@ -28,6 +28,7 @@ from ..policy import DiskTier, PinnedRamTier, Tier
 from ..runtime.group import GroupRuntime
 from ..runtime.memory import system_available_ram
 from ..transfer.backend import Backend
+from ..units import fmt_bytes
 from .file_source import FileSource
 from .kinds import Made, Placed, make_source
 from .mapped import MappedSource, can_map
@@ -154,7 +155,7 @@ class Placement:
         if tier.cpu_read == "auto":
             self.notes.append(
                 f"cpu_read auto: {self.cpu_read} ({self.plan.n_slots} slots of "
-                f"{self.plan.slot_bytes >> 20} MiB; see choose_cpu_read)"
+                f"{fmt_bytes(self.plan.slot_bytes)}; see choose_cpu_read)"
             )
 
     def _slab_for(

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from ..disk.plan import CHUNK, ReadPlan, checksummed, open_plan
+from ..disk.durable import atomic_write, fsync_dir
+from ..disk.plan import ReadPlan, checksummed, open_plan
 from ..errors import DiskPathError
 from ..formats.safetensors import NAMES, aligned_header, byte_view
 from ..model.layout import Entry
@@ -84,14 +85,12 @@ class GroupStore:
         return store
 
     def _write_marker(self, state: str) -> None:
-        tmp = self.folder / (MARKER + ".tmp")
-        tmp.write_text(
-            json.dumps({"ferry": 1, "pid": os.getpid(), "state": state, "time": time.time()})
-        )
-        os.replace(tmp, self.folder / MARKER)
+        mark = {"ferry": 1, "pid": os.getpid(), "state": state, "time": time.time()}
+        with atomic_write(self.folder / MARKER, tmp=self.folder / (MARKER + ".tmp")) as f:
+            f.write(json.dumps(mark).encode())
 
     def mark_ready(self) -> None:
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)  # every group file's rename, before the marker says "ready"
         self._write_marker("ready")
 
     def reopen(self) -> None:
@@ -128,18 +127,13 @@ class GroupStore:
         tmp = path.with_name(path.name + ".tmp")
         data = byte_view(slab)
         chunks = checksummed([(0, 0, len(data))], data)  # file offsets from the data's start
-        header = group_header(entries, len(data), index, [c.crc for c in chunks])
+        header = group_header(entries, len(data))
         try:
-            with open(tmp, "wb") as f:
+            # The folder is fsynced once for all groups, in mark_ready.
+            with atomic_write(path, tmp=tmp, before_replace=let_go, sync_folder=False) as f:
                 f.write(header)
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            if let_go is not None:
-                let_go()
-            os.replace(tmp, path)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
             if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                 raise DiskPathError(
                     "disk_path",
@@ -231,28 +225,12 @@ def _read_marker(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("ferry") == 1 else None
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except PermissionError:
-        return  # Windows opens no folder as a file: a rename there is the filesystem's to keep
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def group_header(entries: list[Entry], data_len: int, index: int, crcs: list[int]) -> bytes:
+def group_header(entries: list[Entry], data_len: int) -> bytes:
     """A safetensors header whose tensors sit at the slab's offsets (64-byte aligned), the
-    data section starting on a page boundary (formats.safetensors.aligned_header)."""
-    table: dict[str, Any] = {
-        "__metadata__": {
-            "ferry": "1",
-            "group": str(index),
-            "chunk": str(CHUNK),
-            "crc32": ",".join(map(str, crcs)),
-        }
-    }
+    data section starting on a page boundary (formats.safetensors.aligned_header). The
+    chunks' checksums stay in memory (the ReadPlan), not in the file: nothing reads a group
+    file's header back."""
+    table: dict[str, Any] = {"__metadata__": {"ferry": "1"}}
     for e in entries:
         names = e.inner_names or ("",)
         for part, inner in zip(e.parts, names):

@@ -38,7 +38,7 @@ from ..policy import (
     parse_gib,
     parse_vram_budget,
 )
-from ..units import GIB
+from ..units import GIB, fmt_bytes
 from .measure import measure_policy
 
 #: Builds a fresh model and the keyword inputs of one forward: ``model(**inputs)``.
@@ -139,7 +139,7 @@ def _cell(v: Any) -> str:
 
 
 def _budget_text(n: int | None) -> str:
-    return "no limit" if n is None else f"{n / GIB:.4g} GB"
+    return "no limit" if n is None else fmt_bytes(n)
 
 
 def describe_policy(p: OffloadPolicy) -> str:
@@ -162,7 +162,7 @@ def demo_factory(
         raise ConfigError("size_gb", f"must be > 0, got {size_gb!r}")
 
     def build() -> tuple[torch.nn.Module, dict[str, Any]]:
-        from .demo_model import build_demo_model, demo_inputs
+        from ..model.demo import build_demo_model, demo_inputs
 
         model = build_demo_model(size_gb=size_gb, dtype=dtype, seed=0)
         return model, demo_inputs(model, batch=1, tokens=tokens, seed=0)

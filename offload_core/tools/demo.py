@@ -20,11 +20,11 @@ import torch
 
 from ..api import apply_offload
 from ..errors import FerryError
+from ..model.demo import build_demo_model, demo_inputs
 from ..model.plan import resolve_device
 from ..policy import OffloadPolicy
 from ..runtime.memory import PeakRssSampler, ProcessMemory, device_memory
 from ..units import GB, fmt_bytes
-from .demo_model import build_demo_model, demo_inputs
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -138,9 +138,7 @@ def _run_offloaded(
     ref: torch.Tensor,
 ) -> Row:
     echo("offloading ...")
-    handle = apply_offload(
-        model, policy, onload_device=device, name="demo", progress=_progress(echo)
-    )
+    handle = apply_offload(model, policy, onload_device=device, name="demo", progress=_progress())
     echo(handle.plan.describe())
     try:
         _reset_peak(device)
@@ -157,7 +155,7 @@ def _run_offloaded(
     )  # fmt: skip
 
 
-def _progress(echo: Callable[[str], Any]) -> Callable[[int, int], None]:
+def _progress() -> Callable[[int, int], None]:
     from tqdm import tqdm
 
     bar: dict[str, Any] = {}

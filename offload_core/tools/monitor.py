@@ -157,7 +157,7 @@ class Monitor:
         self._read_offloads = read_offloads
         self._listeners: list[Listener] = []
         #: Listeners whose failure is already logged (a list: a bound method is not hashable
-        #: by identity, and equality is what remove_listener uses too).
+        #: by identity, so membership goes by equality).
         self._failed_listeners: list[Listener] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -244,13 +244,6 @@ class Monitor:
         """``fn(sample, offloads)`` runs on the sampler thread after each tick (keep it short)."""
         with self._lock:
             self._listeners.append(fn)
-
-    def remove_listener(self, fn: Listener) -> None:
-        with self._lock:
-            if fn in self._listeners:
-                self._listeners.remove(fn)
-            while fn in self._failed_listeners:
-                self._failed_listeners.remove(fn)
 
 
 _shared: Monitor | None = None

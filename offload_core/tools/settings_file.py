@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..disk.durable import atomic_write
 from ..errors import ConfigError
 from ..policy import OffloadPolicy
 
@@ -135,29 +136,21 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> PanelSettings:
 
 
 def save_settings(settings: PanelSettings, path: str | os.PathLike[str] | None = None) -> Path:
-    """Validates, then writes atomically (temp file + rename): a reader never sees half a file.
+    """Validates, then writes atomically (disk/durable.py: temp file, fsync, rename, folder
+    fsync): a reader never sees half a file. A failed write removes only its temp file.
 
     Returns the path written.
     """
     settings.validate()
     p = Path(path) if path is not None else default_settings_path()
     text = json.dumps(settings.to_dict(), indent=2, sort_keys=True) + "\n"
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".settings-", suffix=".tmp", dir=p.parent)
-    except OSError as e:
-        raise ConfigError("settings_file", f"cannot write in {p.parent}: {e.strerror or e}") from e
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        # Only the temp file this call created is removed; nothing else is touched.
+    with ExitStack() as stack:
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+            p.parent.mkdir(parents=True, exist_ok=True)
+            # Private to its user (0600), as tempfile.mkstemp made it before.
+            f = stack.enter_context(atomic_write(p, mode=0o600))
+        except OSError as e:
+            msg = f"cannot write in {p.parent}: {e.strerror or e}"
+            raise ConfigError("settings_file", msg) from e
+        f.write(text.encode("utf-8"))
     return p

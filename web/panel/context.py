@@ -77,7 +77,7 @@ class DemoSession:
     inputs: dict[str, Any] = field(default_factory=dict)
 
     def build(self, device: str = "cpu") -> None:
-        from ...offload_core.tools.demo_model import build_demo_model, demo_inputs
+        from ...offload_core.model.demo import build_demo_model, demo_inputs
 
         self.model = build_demo_model(size_gb=self.size_gb, dtype=self.dtype, seed=0)
         # Inputs live where the forward runs: the engine brings weights there, not inputs.

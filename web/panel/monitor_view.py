@@ -13,10 +13,10 @@ import gradio as gr
 import pandas as pd
 
 from ...offload_core.tools.monitor import Snapshot
+from ...offload_core.units import GIB
 from .compat import private_api
 from .context import PanelContext
 
-GB = float(1 << 30)
 WINDOW_S = 300.0
 
 VRAM_SERIES = (
@@ -29,16 +29,16 @@ RAM_SERIES = (
     ("rss_file", "file cache (reclaimable)"),
     ("rss_shmem", "shared memory"),
 )
-# Its own plot: at tens of GB it would flatten the process's lines to zero.
+# Its own plot: at tens of GiB it would flatten the process's lines to zero.
 SYSTEM_SERIES = (("system_available", "still available"),)
 OFFLOAD_COLUMNS = [
-    "model", "tier", "groups (resident)", "on GPU GB", "in RAM GB", "on disk GB",
+    "model", "tier", "groups (resident)", "on GPU GiB", "in RAM GiB", "on disk GiB",
     "GPU copy GB/s", "disk read GB/s", "waiting s", "overlap %", "forwards",
 ]  # fmt: skip
 
 
 def series_frame(snap: Snapshot, series: tuple[tuple[str, str], ...]) -> pd.DataFrame:
-    """Long form (seconds ago, GB, series) for gr.LinePlot; fields a device does not tell are left out."""
+    """Long form (seconds ago, GiB, series) for gr.LinePlot; fields a device does not tell are left out."""
     rows: list[tuple[float, float, str]] = []
     if snap.samples:
         now = snap.samples[-1].t
@@ -47,8 +47,8 @@ def series_frame(snap: Snapshot, series: tuple[tuple[str, str], ...]) -> pd.Data
             for key, label in series:
                 v = d.get(key)
                 if v is not None:
-                    rows.append((round(s.t - now, 1), v / GB, label))
-    return pd.DataFrame(rows, columns=["seconds", "GB", "series"])
+                    rows.append((round(s.t - now, 1), v / GIB, label))
+    return pd.DataFrame(rows, columns=["seconds", "GiB", "series"])
 
 
 def offload_rows(snap: Snapshot) -> list[list[Any]]:
@@ -58,7 +58,7 @@ def offload_rows(snap: Snapshot) -> list[list[Any]]:
         tiers = s.get("bytes_per_tier") or {}
 
         def gb(n: Any) -> Any:
-            return round(n / GB, 3) if isinstance(n, (int, float)) else "-"
+            return round(n / GIB, 3) if isinstance(n, (int, float)) else "-"
 
         def num(v: Any, scale: float = 1.0, nd: int = 2) -> Any:
             return round(v * scale, nd) if isinstance(v, (int, float)) else "-"
@@ -108,15 +108,15 @@ def build_monitor_tab(ctx: PanelContext, demo: gr.Blocks) -> None:
     has_gpu = ctx.monitor.device is not None
     with gr.Row():
         vram = gr.LinePlot(
-            x="seconds", y="GB", color="series", title="VRAM (GB)", x_title="seconds ago",
+            x="seconds", y="GiB", color="series", title="VRAM (GiB)", x_title="seconds ago",
             x_lim=[-WINDOW_S, 0], height=260, visible=has_gpu, elem_id="ferry-vram-plot",
         )  # fmt: skip
         ram = gr.LinePlot(
-            x="seconds", y="GB", color="series", title="RAM used by this process (GB)",
+            x="seconds", y="GiB", color="series", title="RAM used by this process (GiB)",
             x_title="seconds ago", x_lim=[-WINDOW_S, 0], height=260, elem_id="ferry-ram-plot",
         )  # fmt: skip
         system = gr.LinePlot(
-            x="seconds", y="GB", color="series", title="RAM still available on the computer (GB)",
+            x="seconds", y="GiB", color="series", title="RAM still available on the computer (GiB)",
             x_title="seconds ago", x_lim=[-WINDOW_S, 0], height=260, elem_id="ferry-system-plot",
         )  # fmt: skip
     if not has_gpu:

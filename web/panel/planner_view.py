@@ -13,11 +13,11 @@ from ...offload_core.policy import OffloadPolicy
 from ...offload_core.runtime.memory import system_available_ram
 from ...offload_core.tools.autotune import Budget, TuneResult, autotune, demo_factory
 from ...offload_core.tools.settings_file import PanelSettings
+from ...offload_core.units import GIB
 from .context import PanelContext
 from .disk_check import check_disk_path
 from .forms import Form, form_from_settings
 
-GB = float(1 << 30)
 TABLE_COLUMNS = ["#", "plan", "s/forward", "peak VRAM GB", "peak RAM GB", "fits", "note"]
 
 
@@ -52,7 +52,7 @@ def run_planner(
         raise ConfigError("size_gb", f"the demo model size must be > 0 GB, got {size_gb!r}")
     disk = (disk_path or "").strip() or None
     if disk is not None:
-        chk = check_disk_path(disk, int(float(size_gb) * GB))
+        chk = check_disk_path(disk, int(float(size_gb) * GIB))
         if not chk.ok:
             raise ConfigError(
                 "disk_path",
@@ -117,12 +117,12 @@ def build_planner_tab(ctx: PanelContext, form: list[Any]) -> None:
     dev_total = None
     snap = ctx.monitor.snapshot()
     if snap.samples and snap.samples[-1].vram_total:
-        dev_total = round(snap.samples[-1].vram_total / GB, 1)
+        dev_total = round(snap.samples[-1].vram_total / GIB, 1)
     with gr.Row():
         vram = gr.Number(
             value=dev_total, label="VRAM budget (GB, 0 = no limit)", elem_id="ferry-plan-vram"
         )
-        ram = gr.Number(value=round(system_available_ram() * 0.8 / GB, 1), label="RAM budget (GB, 0 = no limit)",
+        ram = gr.Number(value=round(system_available_ram() * 0.8 / GIB, 1), label="RAM budget (GB, 0 = no limit)",
                         elem_id="ferry-plan-ram")  # fmt: skip
         size = gr.Number(value=ctx.demo.size_gb if ctx.demo else 0.25, label="Test model size (GB)", minimum=0.001,
                          elem_id="ferry-plan-size")  # fmt: skip

@@ -11,12 +11,12 @@ import pandas as pd
 from ...offload_core.errors import ConfigError, FerryError
 from ...offload_core.policy import DiskTier
 from ...offload_core.tools.settings_file import known_quant_presets
+from ...offload_core.units import GIB, fmt_bytes
 from .compat import private_api, public_api
 from .context import PanelContext
 from .disk_check import check_disk_path, markdown
 from .forms import Form, form_from_settings, settings_from_form
 
-GB = float(1 << 30)
 PLACES = (
     ("device", "on the GPU (at peak)"),
     ("pinned", "pinned RAM"),
@@ -41,7 +41,7 @@ def quant_choices(device: str) -> list[tuple[str, str]]:
 
 def preview(ctx: PanelContext, *values: Any) -> tuple[pd.DataFrame, str]:
     """Where the weights would live with these settings (a plan: nothing moves)."""
-    empty = pd.DataFrame({"where": [p[1] for p in PLACES], "GB": [0.0] * len(PLACES)})
+    empty = pd.DataFrame({"where": [p[1] for p in PLACES], "GiB": [0.0] * len(PLACES)})
     try:
         settings = settings_from_form(*values)
         plan = ctx.plan(settings.policy)
@@ -51,14 +51,14 @@ def preview(ctx: PanelContext, *values: Any) -> tuple[pd.DataFrame, str]:
         return empty, "No model loaded yet: the preview appears when an offloaded model is loaded."
     per = plan.bytes_per_tier()
     frame = pd.DataFrame(
-        {"where": [label for _, label in PLACES], "GB": [per.get(k, 0) / GB for k, _ in PLACES]}
+        {"where": [label for _, label in PLACES], "GiB": [per.get(k, 0) / GIB for k, _ in PLACES]}
     )
     streamed = len(plan.streamed)
     lines = [
         f"**{len(plan.groups)} groups**, {streamed} streamed and {len(plan.groups) - streamed} kept on the GPU; "
         f"blocks per group can go up to **{plan.max_blocks_per_group}** for this model.",
-        f"GPU at peak: **{per.get('device', 0) / GB:.3f} GB** · "
-        f"waiting in {settings.policy.tier_name}: **{plan.offloaded_bytes / GB:.3f} GB**",
+        f"GPU at peak: **{fmt_bytes(per.get('device', 0))}** · "
+        f"waiting in {settings.policy.tier_name}: **{fmt_bytes(plan.offloaded_bytes)}**",
     ]
     lines += [f"note: {n}" for n in plan.notes]
     if ctx.reference_model() is None:
@@ -248,7 +248,7 @@ def build_settings_tab(ctx: PanelContext, demo: gr.Blocks) -> list[Any]:
     advanced = _advanced_disk_widgets()
     with gr.Row():
         view["plot"] = gr.BarPlot(
-            x="where", y="GB", title="Where the weights will live", height=240,
+            x="where", y="GiB", title="Where the weights will live", height=240,
             sort=[label for _, label in PLACES], elem_id="ferry-plan-plot",
         )  # fmt: skip
         view["summary"] = gr.Markdown(elem_id="ferry-plan-summary")

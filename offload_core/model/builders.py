@@ -17,8 +17,8 @@ Build = Callable[[torch.device], nn.Module]
 
 
 def demo_build(header: Header) -> Build:
-    """A factory for offload_core.tools.demo_model.DemoDiT with the sizes its checkpoint has."""
-    from .demo_model import DemoDiT
+    """A factory for offload_core.model.demo.DemoDiT with the sizes its checkpoint has."""
+    from .demo import DemoDiT
 
     try:
         dim, in_channels = header.entries["img_in.weight"].shape
