@@ -1,7 +1,8 @@
 """A test-only ComfyUI node pack (copied into the test's custom_nodes folder, never shipped).
 
 ComfyUI core has no node that makes CONDITIONING without a text encoder; this one makes a
-seeded random one shaped for the tiny SD3 model (context 8 tokens x 32, pooled 32).
+seeded random one shaped for the tiny SD3 model (context 8 tokens x 32, pooled 32) by default,
+or for another model (the architecture sweep's); and an empty LATENT of any shape.
 
 It also injects the faults of tests/comfyui/test_comfyui_faults.py inside the server process,
 armed over HTTP (``POST /ferry_test/arm`` {"fault": ..., ...}; ``GET /ferry_test/state`` says
@@ -32,20 +33,46 @@ from server import PromptServer
 class FerryTestConditioning:
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1})}}
+        size = {"min": 0, "max": 65536}
+        return {
+            "required": {"seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1})},
+            "optional": {  # the architecture sweep's models take other widths
+                "tokens": ("INT", {"default": 8, **size}),
+                "dim": ("INT", {"default": 32, **size}),
+                "pooled": ("INT", {"default": 32, **size}),  # 0: no pooled_output
+            },
+        }
 
     RETURN_TYPES = ("CONDITIONING",)
     FUNCTION = "make"
     CATEGORY = "testing"
 
-    def make(self, seed):
+    def make(self, seed, tokens=8, dim=32, pooled=32):
         g = torch.Generator().manual_seed(seed)
-        context = torch.randn(1, 8, 32, generator=g)
-        pooled = torch.randn(1, 32, generator=g)
-        return ([[context, {"pooled_output": pooled}]],)
+        context = torch.randn(1, tokens, dim, generator=g)
+        extra = {"pooled_output": torch.randn(1, pooled, generator=g)} if pooled else {}
+        return ([[context, extra]],)
 
 
-NODE_CLASS_MAPPINGS = {"FerryTestConditioning": FerryTestConditioning}
+class FerryTestLatent:
+    """An empty latent of any shape ("16,1,8,8": channels, [frames,] height, width), batch 1."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"shape": ("STRING", {"default": "16,16,16"})}}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "make"
+    CATEGORY = "testing"
+
+    def make(self, shape):
+        return ({"samples": torch.zeros([1, *(int(n) for n in shape.split(","))])},)
+
+
+NODE_CLASS_MAPPINGS = {
+    "FerryTestConditioning": FerryTestConditioning,
+    "FerryTestLatent": FerryTestLatent,
+}
 
 # -- fault injection -------------------------------------------------------------------------
 _lock = threading.Lock()
