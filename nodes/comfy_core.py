@@ -56,8 +56,9 @@ def set_inference_dtype(config: Any, dtype: Any, manual_cast: Any, device: torch
 
 
 def build_on_meta(config: Any, sd: dict[str, torch.Tensor]) -> Any:
-    """``config.get_model`` with the diffusion model's tensors that ``sd`` (the file, keys
-    without their prefix) holds on the meta device, and every layer holding its (meta)
+    """``config.get_model`` as ``load_diffusion_model_state_dict`` calls it (on the CPU), with
+    the diffusion model's tensors that ``sd`` (the file, keys without their prefix) holds on
+    the meta device (offload_core/model/meta_build.py), and every layer holding its (meta)
     weights: under dynamic VRAM core builds Linears without them (see dynamic.py)."""
     held = {DM + k for k in sd}
     base = meta_build.build_on_meta(lambda device: config.get_model(sd, "", device=device), held)
