@@ -40,6 +40,7 @@ class FerryTestConditioning:
                 "tokens": ("INT", {"default": 8, **size}),
                 "dim": ("INT", {"default": 32, **size}),
                 "pooled": ("INT", {"default": 32, **size}),  # 0: no pooled_output
+                "attention_mask": ("BOOLEAN", {"default": False}),  # all ones (LTXV asks)
             },
         }
 
@@ -47,10 +48,12 @@ class FerryTestConditioning:
     FUNCTION = "make"
     CATEGORY = "testing"
 
-    def make(self, seed, tokens=8, dim=32, pooled=32):
+    def make(self, seed, tokens=8, dim=32, pooled=32, attention_mask=False):
         g = torch.Generator().manual_seed(seed)
         context = torch.randn(1, tokens, dim, generator=g)
         extra = {"pooled_output": torch.randn(1, pooled, generator=g)} if pooled else {}
+        if attention_mask:
+            extra["attention_mask"] = torch.ones(1, tokens, dtype=torch.long)
         return ([[context, extra]],)
 
 
