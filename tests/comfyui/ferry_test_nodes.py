@@ -21,6 +21,7 @@ the real fault happens, never inside Ferry:
 """
 
 import errno
+import json
 import os
 import threading
 
@@ -41,6 +42,9 @@ class FerryTestConditioning:
                 "dim": ("INT", {"default": 32, **size}),
                 "pooled": ("INT", {"default": 32, **size}),  # 0: no pooled_output
                 "attention_mask": ("BOOLEAN", {"default": False}),  # all ones (LTXV asks)
+                # more tensors a model's conditioning carries, as JSON {name: shape}: random
+                # ({"conditioning_mt5xl": [1, 8, 2048]}), or all ones ("ones:1,8")
+                "extra": ("STRING", {"default": "{}"}),
             },
         }
 
@@ -48,13 +52,18 @@ class FerryTestConditioning:
     FUNCTION = "make"
     CATEGORY = "testing"
 
-    def make(self, seed, tokens=8, dim=32, pooled=32, attention_mask=False):
+    def make(self, seed, tokens=8, dim=32, pooled=32, attention_mask=False, extra="{}"):
         g = torch.Generator().manual_seed(seed)
         context = torch.randn(1, tokens, dim, generator=g)
-        extra = {"pooled_output": torch.randn(1, pooled, generator=g)} if pooled else {}
+        out = {"pooled_output": torch.randn(1, pooled, generator=g)} if pooled else {}
         if attention_mask:
-            extra["attention_mask"] = torch.ones(1, tokens, dtype=torch.long)
-        return ([[context, extra]],)
+            out["attention_mask"] = torch.ones(1, tokens, dtype=torch.long)
+        for name, shape in sorted(json.loads(extra).items()):
+            if isinstance(shape, str):  # "ones:1,8"
+                out[name] = torch.ones([int(n) for n in shape.split(":")[1].split(",")])
+            else:
+                out[name] = torch.randn(shape, generator=g)
+        return ([[context, out]],)
 
 
 class FerryTestLatent:

@@ -6,9 +6,11 @@ of a small ``unet_config``, then ``get_model``), so its keys are exactly core's;
 are seeded random numbers (per key, so a file is the same whatever else is built), saved in
 bf16 under ``models/diffusion_models/ferry-arch-<name>.safetensors``. A model is kept only
 when core's detection, reading the saved file, picks the same model config and builds a
-network of exactly the saved keys and shapes: where detection fixes a size (a hidden width,
-a block count or a text width written into core), the file is built at that size, and an
-architecture whose fixed sizes make it too big to be tiny is not built (``SKIP``, with why).
+network of exactly the saved keys and shapes. Where detection fixes a size (a width, a block
+count or a text width written into core), the file is built at that size; where that makes
+it bigger than ``MAX_BYTES`` (or cannot be built), this core skips it, saying why. Specs are
+written for the newest core (v0.33.0); a key an older core's network does not take is
+dropped. ``SKIP`` lists core's model configs the sweep does not build, with why.
 
 Run with ComfyUI's Python; writes ``<models dir>/arch-sweep.json``: per architecture its
 file, latent shape and conditioning, or why it was not built in this core:
@@ -24,6 +26,8 @@ import sys
 import zlib
 from typing import Any
 
+#: Above this a file is not built unless its spec says "big" (run only by name).
+MAX_BYTES = 512 * 2**20
 # A fixed T5/Qwen-style text width several of core's configs write in.
 _C1024 = 1024
 
@@ -307,9 +311,31 @@ ARCHS.update({
         "unet": {**_WAN, "model_type": "vace", "vace_in_dim": 96, "vace_layers": 1},
         "cond": {"tokens": 8, "dim": 4096, "pooled": 0}, "latent": [16, 1, 8, 8],
     },
+    "hunyuan_dit": {
+        "config": "HunyuanDiT",
+        "unet": {"image_model": "hydit", "depth": 2, "hidden_size": 128},
+        "cond": {  # its CLIP (77 x 1024) and mT5 (256 x 2048) outputs and masks, as core's
+            "tokens": 77, "dim": 1024, "pooled": 0, "attention_mask": True,
+            "extra": {"conditioning_mt5xl": [1, 256, 2048], "attention_mask_mt5xl": "ones:1,256"},
+        },
+        "latent": [4, 16, 16],
+    },
+    "sdxl": {
+        "config": "SDXL", "big": True,  # core fixes 320 channels and its 0/2/10-deep levels
+        "unet": {
+            "use_checkpoint": False, "image_size": 32, "use_spatial_transformer": True,
+            "legacy": False, "num_classes": "sequential", "adm_in_channels": 2816,
+            "in_channels": 4, "out_channels": 4, "model_channels": 320,
+            "num_res_blocks": [2, 2, 2], "transformer_depth": [0, 0, 2, 2, 10, 10],
+            "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10], "channel_mult": [1, 1, 1],
+            "transformer_depth_middle": 10, "use_linear_in_transformer": True,
+            "context_dim": 2048, "use_temporal_resblock": False, "use_temporal_attention": False,
+        },
+        "cond": {"tokens": 8, "dim": 2048, "pooled": 1280}, "latent": [4, 16, 16],
+    },
     "qwen_image": {
         "config": "QwenImage", "big": True,  # core fixes 3072 wide, 24 heads, text 3584
-        "unet": {"image_model": "qwen_image", "in_channels": 64, "num_layers": 1},
+        "unet": {"image_model": "qwen_image", "in_channels": 64, "num_layers": 2},
         "cond": {"tokens": 8, "dim": 3584, "pooled": 0}, "latent": [16, 1, 16, 16],
     },
     "lumina2": {
@@ -335,8 +361,72 @@ ARCHS["sd2.0"] = {
     "latent": [4, 16, 16],
 }
 
-#: Architectures core runs that the sweep does not build, and why.
-SKIP: dict[str, str] = {}
+_UNET_EXTRA = (
+    "a UNet variant whose conditioning carries concat latents, CLIP-vision embeddings or camera "
+    "and noise-augmentation inputs that FerryTestConditioning does not make (not attempted; "
+    "SD 1.5/2.0/XL run the same UNet code)"
+)
+_FIXED = "core's detection fixes every size: "
+_DEFAULTS = "core builds it at its class defaults (reads no size from the file): the real size"
+_WAN_EXTRA = (
+    "a Wan 2.1 network with camera, audio, pose, face or causal inputs of its own "
+    "(not attempted; Wan T2V, I2V, Fun Control, VACE and 2.2 TI2V run the same blocks)"
+)
+_AUDIO = "an audio model: 1-D latents and a conditioner of its own (not attempted)"
+_3D = "a 3D-shape model: its latent is a set of shape tokens with image features (not attempted)"
+_NEW = "a 2026 architecture not attempted in this sweep"
+#: Core's model configs (``comfy.supported_models.models``, v0.33.0) the sweep does not
+#: build, and why; every other one is an ``ARCHS`` entry's config.
+SKIP: dict[str, str] = {
+    **dict.fromkeys(
+        ["SD15_instructpix2pix", "SDXL_instructpix2pix", "SD21UnclipL", "SD21UnclipH",
+         "SD_X4Upscaler", "LotusD", "Stable_Zero123", "SVD_img2vid", "SV3D_u", "SV3D_p"],
+        _UNET_EXTRA,
+    ),
+    **dict.fromkeys(
+        ["SDXLRefiner", "SSD1B", "KOALA_700M", "KOALA_1B", "Segmind_Vega"],
+        "an SDXL UNet matched by fixed per-level transformer depths and widths (SDXL's own "
+        "smallest is 566 MB, run as a big one; these not attempted)",
+    ),
+    "Stable_Cascade_C": _FIXED + "2048 (lite: 1536) wide, 24-deep levels; 1-3.6 B parameters",
+    "Stable_Cascade_B": _FIXED + "320-1280 wide, 28-deep levels; 0.7-1.5 B parameters",
+    "GenmoMochi": _FIXED + "48 blocks, 3072 wide (10 B parameters)",
+    "HiDream": _FIXED + "16 + 32 layers, 20 heads of 128, 4 experts (17 B parameters)",
+    "Omnigen2": _FIXED + "32 layers, 2520 wide (4 B parameters)",
+    "ACEStep": _FIXED + "24 layers, 2560 wide (3.5 B parameters)",
+    "Chroma": "core fixes its modulation approximator: 5 layers 5120 wide, 3072-wide outputs "
+    "(0.28 B parameters), so the blocks are 3072 wide: 0.97 B parameters at 2 + 2 blocks",
+    "ChromaRadiance": "as Chroma: core fixes its 5120-wide approximator and 3072-wide outputs",
+    "SeedVR2": _FIXED + "its 3 B and 7 B layouts, chosen by key",
+    "ZImage": "core's only Z-Image branch is 3840 wide, 30 heads: 1.08 B parameters at 2 layers",
+    "ZImagePixelSpace": "as ZImage: 3840 wide, 30 heads",
+    "Kandinsky5Image": "core matches it by its width, 2560",
+    "AuraFlow": "core reads layer counts and widths of its inputs, not its own: 3072 wide, "
+    "12 heads; its smallest build is 546 M parameters",
+    **dict.fromkeys(["PiD", "PixelDiTT2I", "HiDreamO1", "ErnieImage", "TripoSplat"], _DEFAULTS),
+    **dict.fromkeys(
+        ["WAN21_CausalAR_T2V", "WAN21_Camera", "WAN22_Camera", "WAN22_S2V", "WAN21_HuMo",
+         "WAN22_Animate", "WAN_Animate2", "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2",
+         "WAN22_WanDancer"],
+        _WAN_EXTRA,
+    ),
+    **dict.fromkeys(["StableAudio", "StableAudio3", "ACEStep15", "MiniMaxMusic3"], _AUDIO),
+    **dict.fromkeys(["LTXAV", "MiniMaxH3"], "an audio-video model: its latent packs both (not "
+                    "attempted; LTXV runs the same video blocks)"),
+    **dict.fromkeys(["Hunyuan3Dv2", "Hunyuan3Dv2mini", "Hunyuan3Dv2_1", "Trellis2"], _3D),
+    **dict.fromkeys(["Boogu", "MageFlow", "JoyImage", "Ideogram4", "Krea2", "Lens"], _NEW),
+    **dict.fromkeys(
+        ["RT_DETR_v4", "SAM3", "SAM31", "DepthAnything3"],
+        "not a diffusion model: detection, segmentation or depth, no KSampler",
+    ),
+    "CosmosI2V": "Cosmos 1 with 17 input channels: the same 412 MB network as cosmos_1 (not "
+    "built twice)",
+    "HunyuanImage21Refiner": "a HunyuanVideo variant (3-D patches, no vector input) not attempted",
+    "HunyuanDiT1": "HunyuanDiT with size and style conditions (not attempted; HunyuanDiT runs)",
+    "PixArtAlpha": "PixArt with micro-conditions (not attempted; PixArt Sigma runs)",
+    **dict.fromkeys(["CogVideoX_I2V", "CogVideoX_Inpaint"], "CogVideoX with concat latents "
+                    "(not attempted; CogVideoX T2V runs)"),
+}  # fmt: skip
 
 
 def main(comfy_dir: str, models_dir: str, names: list[str]) -> None:
@@ -361,16 +451,41 @@ def main(comfy_dir: str, models_dir: str, names: list[str]) -> None:
 
 
 def build(name: str, spec: dict[str, Any], dm: str) -> dict[str, Any]:
+    """Builds ``spec``; where this core's detection reads the file as another size (a core
+    that fixes a size the spec leaves small, or leaves a class default), builds once more at
+    the size core reads, so the file is this core's smallest of the architecture."""
     import comfy.model_detection
     import comfy.supported_models
-    import torch
     from safetensors.torch import save_file
 
     if not hasattr(comfy.supported_models, spec["config"]):
         return {"skip": f"this core has no {spec['config']}"}
-    config = comfy.model_detection.model_config_from_unet_config(dict(spec["unet"]))
-    if type(config).__name__ != spec["config"]:
-        return {"skip": f"core took the config for {type(config).__name__}"}
+    unet, resized = dict(spec["unet"]), False
+    while True:
+        config = comfy.model_detection.model_config_from_unet_config(unet)
+        if type(config).__name__ != spec["config"]:
+            return {"skip": f"core took the config for {type(config).__name__}"}
+        sd = _random_state_dict(config)
+        detected, why = _detected(sd, spec["config"])
+        if detected is None or why is None or resized:
+            break
+        unet, resized = dict(detected.unet_config), True
+        unet.pop("dtype", None)
+    if why is not None:
+        return {"skip": why}
+    size = sum(t.numel() * t.element_size() for t in sd.values())
+    if size > MAX_BYTES and not spec.get("big"):
+        fixed = ": its detection fixes sizes the spec leaves small" if resized else ""
+        return {"skip": f"this core's smallest build of it is {size / 2**20:.0f} MiB{fixed}"}
+    file = f"ferry-arch-{name}.safetensors"
+    save_file(sd, os.path.join(dm, file))
+    return {"file": file, "cond": spec["cond"], "latent": spec["latent"]}
+
+
+def _random_state_dict(config: Any) -> dict[str, Any]:
+    """The network ``config`` builds, with seeded random weights, in bf16."""
+    import torch
+
     config.set_inference_dtype(torch.float32, None)
     # torch.empty fills NaN in deterministic mode: a buffer core leaves empty (a position
     # embedding the checkpoint fills) is told from one it computes.
@@ -385,12 +500,7 @@ def build(name: str, spec: dict[str, Any], dm: str) -> dict[str, Any]:
         if k in params or (v.is_floating_point() and v.isnan().any()):
             v = _random(k, tuple(v.shape))
         sd[k] = v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
-    why = _detected_differently(sd, spec["config"])
-    if why:
-        return {"skip": why}
-    file = f"ferry-arch-{name}.safetensors"
-    save_file(sd, os.path.join(dm, file))
-    return {"file": file, "cond": spec["cond"], "latent": spec["latent"]}
+    return sd
 
 
 def _get_model(config: Any) -> Any:
@@ -421,24 +531,29 @@ def _random(key: str, shape: tuple[int, ...]) -> Any:
     return 0.02 * t
 
 
-def _detected_differently(sd: dict[str, Any], want: str) -> str | None:
-    """Why core's detection of ``sd`` would not rebuild this network (None: it would)."""
+def _detected(sd: dict[str, Any], want: str) -> tuple[Any | None, str | None]:
+    """Core's detection of ``sd`` and why it would not rebuild this network (None: it would)."""
     import comfy.model_detection
     import torch
 
     config = comfy.model_detection.model_config_from_unet(sd, "")
     got = type(config).__name__ if config is not None else None
     if got != want:
-        return f"core's detection takes this file for {got}, not {want}"
+        return None, f"core's detection takes this file for {got}, not {want}"
     config.set_inference_dtype(torch.bfloat16, None)
-    again = config.get_model({}, "", device=torch.device("meta")).diffusion_model.state_dict()
+    try:
+        again = config.get_model({}, "", device=torch.device("meta")).diffusion_model
+    except (ValueError, TypeError, RuntimeError, AssertionError) as e:
+        # e.g. a width read from the file with a head count core fixes
+        return None, f"this core's detection fixes sizes a small file cannot have: {e}"
+    again = again.state_dict()
     loaded = config.process_unet_state_dict(dict(sd))
     shapes = {k: tuple(v.shape) for k, v in again.items()}
     ours = {k: tuple(v.shape) for k, v in loaded.items()}
     if shapes != ours:
         diff = sorted(set(shapes.items()) ^ set(ours.items()))[:3]
-        return f"core's detection builds other shapes from this file: {diff}"
-    return None
+        return config, f"core's detection builds other shapes from this file: {diff}"
+    return config, None
 
 
 if __name__ == "__main__":
