@@ -339,14 +339,16 @@ ARCHS.update({
         "cond": {"tokens": 8, "dim": 3584, "pooled": 0}, "latent": [16, 1, 16, 16],
     },
     "lumina2": {
-        "config": "Lumina2", "big": True,  # small widths leave heads of 128 over 32 heads
+        "config": "Lumina2", "big": True,  # core sets heads for 2304 and 3840 wide only
         "unet": {
             "image_model": "lumina2", "patch_size": 2, "in_channels": 16, "dim": 2304,
             "cap_feat_dim": 32, "n_layers": 1, "qk_norm": True, "n_heads": 24,
             "n_kv_heads": 8, "axes_dims": [32, 32, 32], "axes_lens": [300, 512, 512],
             "rope_theta": 10000.0, "ffn_dim_multiplier": 4.0,
         },
-        "cond": {"tokens": 8, "dim": 32, "pooled": 0}, "latent": [16, 16, 16],
+        # v0.3.64 counts the text tokens from the attention mask only
+        "cond": {"tokens": 8, "dim": 32, "pooled": 0, "attention_mask": True},
+        "latent": [16, 16, 16],
     },
 })  # fmt: skip
 
