@@ -3,8 +3,10 @@ architecture, for the architecture sweep (test_comfyui_arch_sweep.py).
 
 Each is built by core's own model config (``comfy.model_detection.model_config_from_unet_config``
 of a small ``unet_config``, then ``get_model``), so its keys are exactly core's; its parameters
-are seeded random numbers (per key, so a file is the same whatever else is built), saved in
-bf16 under ``models/diffusion_models/ferry-arch-<name>.safetensors``. A model is kept only
+are seeded random numbers (per key, so a file is the same whatever else is built), saved
+under ``models/diffusion_models/ferry-arch-<name>.safetensors`` in float32 (what core computes
+in on a CPU, so Ferry's disk tier reads the groups straight from the file), or in bf16 where
+that would be over ``FP32_BYTES`` (then they are cast as they are read). A model is kept only
 when core's detection, reading the saved file, picks the same model config and builds a
 network of exactly the saved keys and shapes. Where detection fixes a size (a width, a block
 count or a text width written into core), the file is built at that size; where that makes
@@ -28,6 +30,8 @@ from typing import Any
 
 #: Above this a file is not built unless its spec says "big" (run only by name).
 MAX_BYTES = 512 * 2**20
+#: Up to this a file is saved in float32, above it in bf16.
+FP32_BYTES = 128 * 2**20
 # A fixed T5/Qwen-style text width several of core's configs write in.
 _C1024 = 1024
 
@@ -501,7 +505,11 @@ def _random_state_dict(config: Any) -> dict[str, Any]:
     for k, v in net.state_dict().items():
         if k in params or (v.is_floating_point() and v.isnan().any()):
             v = _random(k, tuple(v.shape))
-        sd[k] = v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
+        sd[k] = v.detach().contiguous()
+    # float32 (what core computes in on a CPU: the disk tier reads it straight from the file)
+    # unless that is big; then bf16, as most checkpoints are (cast as it is read)
+    if sum(t.numel() * t.element_size() for t in sd.values()) > FP32_BYTES:
+        sd = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sd.items()}
     return sd
 
 
