@@ -17,12 +17,17 @@ import comfy.utils
 import psutil
 import torch
 
+from ..offload_core.model import meta_build
 from .dynamic import give_lazy_layers_meta_weights, restore_model_dtypes
 
 try:  # v0.11+: aimdo's switch and the RAM-pressure cache's headroom live here
     import comfy.memory_management as core_memory
 except ImportError:
     core_memory = None  # type: ignore[assignment]
+
+
+#: Where a BaseModel holds its network (the state-dict prefix of its tensors).
+DM = "diffusion_model."
 
 
 def string_to_seed(key: str) -> int:
@@ -51,9 +56,12 @@ def set_inference_dtype(config: Any, dtype: Any, manual_cast: Any, device: torch
 
 
 def build_on_meta(config: Any, sd: dict[str, torch.Tensor]) -> Any:
-    """``config.get_model`` on the meta device, with every layer holding its (meta) weights:
-    under dynamic VRAM core builds Linears without them (see dynamic.py)."""
-    base = config.get_model(sd, "", device=torch.device("meta"))
+    """``config.get_model`` as ``load_diffusion_model_state_dict`` calls it (on the CPU), with
+    the diffusion model's tensors that ``sd`` (the file, keys without their prefix) holds on
+    the meta device (offload_core/model/meta_build.py), and every layer holding its (meta)
+    weights: under dynamic VRAM core builds Linears without them (see dynamic.py)."""
+    held = {DM + k for k in sd}
+    base = meta_build.build_on_meta(lambda device: config.get_model(sd, "", device=device), held)
     give_lazy_layers_meta_weights(base.diffusion_model)
     return base
 

@@ -45,7 +45,7 @@ WEIGHT_DTYPES = {
     "fp8_e4m3fn": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
 }
-DM = "diffusion_model."
+DM = comfy_core.DM
 # Keys of ComfyUI's own quantized formats (comfy.utils.convert_old_quants, detect_layer_quantization).
 _CORE_QUANT_KEYS = (
     ".comfy_quant",

@@ -81,18 +81,40 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def make_base(base: Path, py: str, comfy: Path) -> None:
-    """A ComfyUI base directory: this pack (hyphenated folder), the test nodes, tiny models."""
+def core_env() -> dict[str, str]:
+    """The environment a core's python runs in here."""
+    return {
+        **os.environ,
+        "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
+        # site/sitecustomize.py: stand-ins for torchvision, torchaudio and av where missing.
+        "FERRY_REPO": str(REPO),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(HERE / "site"), os.environ.get("PYTHONPATH", "")) if p
+        ),
+    }
+
+
+def make_base(
+    base: Path,
+    py: str,
+    comfy: Path,
+    script: str = "make_tiny_models.py",
+    *args: str,
+    timeout: float = 300,
+) -> None:
+    """A ComfyUI base directory: this pack (hyphenated folder), the test nodes, tiny models
+    (written by ``script`` with ComfyUI's python: ``script <checkout> <models dir> *args``)."""
     custom = base / "custom_nodes"
     custom.mkdir()
     (custom / "ComfyUI-Ferry").symlink_to(REPO, target_is_directory=True)
     for pack in ("ferry_test_nodes.py", "ferry_standin_nodes.py"):
         shutil.copy(HERE / pack, custom / pack)
     subprocess.run(
-        [py, str(HERE / "make_tiny_models.py"), str(comfy), str(base / "models")],
+        [py, str(HERE / script), str(comfy), str(base / "models"), *args],
         check=True,
         cwd=base,
-        timeout=300,
+        timeout=timeout,
+        env=core_env(),
     )
 
 
@@ -110,15 +132,9 @@ def start_server(
     ``args``: more command-line flags for ComfyUI."""
     port = _free_port()
     env = {
-        **os.environ,
+        **core_env(),
         "FERRY_STANDIN": standin,
         "FERRY_SETTINGS": str(base / "ferry-settings.json"),
-        "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
-        # site/sitecustomize.py: stand-ins for torchvision, torchaudio and av where missing.
-        "FERRY_REPO": str(REPO),
-        "PYTHONPATH": os.pathsep.join(
-            p for p in (str(HERE / "site"), os.environ.get("PYTHONPATH", "")) if p
-        ),
     }
     log = base / f"comfyui-{port}.log"
     cmd = [py, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port)]

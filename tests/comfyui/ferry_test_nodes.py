@@ -1,7 +1,8 @@
 """A test-only ComfyUI node pack (copied into the test's custom_nodes folder, never shipped).
 
 ComfyUI core has no node that makes CONDITIONING without a text encoder; this one makes a
-seeded random one shaped for the tiny SD3 model (context 8 tokens x 32, pooled 32).
+seeded random one shaped for the tiny SD3 model (context 8 tokens x 32, pooled 32) by default,
+or for another model (the architecture sweep's); and an empty LATENT of any shape.
 
 It also injects the faults of tests/comfyui/test_comfyui_faults.py inside the server process,
 armed over HTTP (``POST /ferry_test/arm`` {"fault": ..., ...}; ``GET /ferry_test/state`` says
@@ -20,6 +21,7 @@ the real fault happens, never inside Ferry:
 """
 
 import errno
+import json
 import os
 import threading
 
@@ -32,13 +34,17 @@ from server import PromptServer
 class FerryTestConditioning:
     @classmethod
     def INPUT_TYPES(cls):
+        size = {"min": 0, "max": 65536}
         return {
             "required": {"seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1})},
-            # Wan reads 4096-wide text, HunyuanVideo a 768-wide pooled vector (optional: the
-            # SD3 workflows leave them out).
-            "optional": {
-                "context_dim": ("INT", {"default": 32, "min": 1, "max": 8192}),
-                "pooled_dim": ("INT", {"default": 32, "min": 1, "max": 8192}),
+            "optional": {  # the architecture sweep's models take other widths
+                "tokens": ("INT", {"default": 8, **size}),
+                "dim": ("INT", {"default": 32, **size}),
+                "pooled": ("INT", {"default": 32, **size}),  # 0: no pooled_output
+                "attention_mask": ("BOOLEAN", {"default": False}),  # all ones (LTXV asks)
+                # more tensors a model's conditioning carries, as JSON {name: shape}: random
+                # ({"conditioning_mt5xl": [1, 8, 2048]}), or all ones ("ones:1,8")
+                "extra": ("STRING", {"default": "{}"}),
             },
         }
 
@@ -46,11 +52,33 @@ class FerryTestConditioning:
     FUNCTION = "make"
     CATEGORY = "testing"
 
-    def make(self, seed, context_dim=32, pooled_dim=32):
+    def make(self, seed, tokens=8, dim=32, pooled=32, attention_mask=False, extra="{}"):
         g = torch.Generator().manual_seed(seed)
-        context = torch.randn(1, 8, context_dim, generator=g)
-        pooled = torch.randn(1, pooled_dim, generator=g)
-        return ([[context, {"pooled_output": pooled}]],)
+        context = torch.randn(1, tokens, dim, generator=g)
+        out = {"pooled_output": torch.randn(1, pooled, generator=g)} if pooled else {}
+        if attention_mask:
+            out["attention_mask"] = torch.ones(1, tokens, dtype=torch.long)
+        for name, shape in sorted(json.loads(extra).items()):
+            if isinstance(shape, str):  # "ones:1,8"
+                out[name] = torch.ones([int(n) for n in shape.split(":")[1].split(",")])
+            else:
+                out[name] = torch.randn(shape, generator=g)
+        return ([[context, out]],)
+
+
+class FerryTestLatent:
+    """An empty latent of any shape ("16,1,8,8": channels, [frames,] height, width), batch 1."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"shape": ("STRING", {"default": "16,16,16"})}}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "make"
+    CATEGORY = "testing"
+
+    def make(self, shape):
+        return ({"samples": torch.zeros([1, *(int(n) for n in shape.split(","))])},)
 
 
 class FerryTestPlainClone:
@@ -75,6 +103,7 @@ class FerryTestPlainClone:
 
 NODE_CLASS_MAPPINGS = {
     "FerryTestConditioning": FerryTestConditioning,
+    "FerryTestLatent": FerryTestLatent,
     "FerryTestPlainClone": FerryTestPlainClone,
 }
 

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(
 MODELS = [("wan", "q8_0"), ("wan", "k"), ("hyvid", "q8_0"), ("hyvid", "k")]
 #: What each architecture's graph needs: Wan reads 4096-wide text; HunyuanVideo 32-wide text
 #: (its context width is read from the file) and a 768-wide pooled vector.
-COND = {"wan": {"context_dim": 4096}, "hyvid": {"context_dim": 32, "pooled_dim": 768}}
+COND = {"wan": {"dim": 4096}, "hyvid": {"dim": 32, "pooled": 768}}
 LATENT = ("EmptyHunyuanLatentVideo", {"width": 32, "height": 32, "length": 1, "batch_size": 1})
 
 
