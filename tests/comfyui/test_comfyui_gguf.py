@@ -39,21 +39,24 @@ COND = {"wan": {"dim": 4096}, "hyvid": {"dim": 32, "pooled": 768}}
 LATENT = ("EmptyHunyuanLatentVideo", {"width": 32, "height": 32, "length": 1, "batch_size": 1})
 
 
-@pytest.fixture(scope="module")
-def gserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def gguf_base(base: Path, *model_args: str) -> Path:
+    """A ComfyUI base directory with this pack, ComfyUI-GGUF and the test nodes in
+    custom_nodes/, and the GGUF models make_gguf_models.py writes (``model_args``: ``--big N``)."""
     comfy, py = comfy_checkout()
-    base = tmp_path_factory.mktemp("comfy-gguf")
     custom = base / "custom_nodes"
     custom.mkdir()
     (custom / "ComfyUI-Ferry").symlink_to(REPO, target_is_directory=True)
     (custom / "ComfyUI-GGUF").symlink_to(Path(str(GGUF_PACK)).resolve(), target_is_directory=True)
     shutil.copy(HERE / "ferry_test_nodes.py", custom / "ferry_test_nodes.py")
-    subprocess.run(
-        [py, str(HERE / "make_gguf_models.py"), str(comfy), str(base / "models")],
-        check=True,
-        cwd=base,
-        timeout=300,
-    )
+    cmd = [py, str(HERE / "make_gguf_models.py"), str(comfy), str(base / "models"), *model_args]
+    subprocess.run(cmd, check=True, cwd=base, timeout=900)
+    return base
+
+
+@pytest.fixture(scope="module")
+def gserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    comfy, py = comfy_checkout()
+    base = gguf_base(tmp_path_factory.mktemp("comfy-gguf"))
     srv = start_server(comfy, py, base)
     try:
         yield srv

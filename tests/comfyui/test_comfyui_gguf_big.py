@@ -6,17 +6,16 @@ Opt-in: FERRY_COMFYUI, FERRY_COMFYUI_GGUF, and root for the cgroup. About 6 minu
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import HERE, REPO, Server, comfy_checkout, start_server, stop_server
+from conftest import Server, comfy_checkout, start_server, stop_server
 from ferry_workflows import Client, ferry, graph
 from test_comfyui_bigger_than_ram import RssAnonPeak, _free, _run
-from test_comfyui_gguf import COND, GGUF_PACK, LATENT
+from test_comfyui_gguf import COND, GGUF_PACK, LATENT, gguf_base
 
 from tests import cgroup_limit
 
@@ -41,17 +40,8 @@ def _graph(with_ferry: bool, name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def big_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    comfy, py = comfy_checkout()
-    base = tmp_path_factory.mktemp("comfy-gguf-big")
-    custom = base / "custom_nodes"
-    custom.mkdir()
-    (custom / "ComfyUI-Ferry").symlink_to(REPO, target_is_directory=True)
-    (custom / "ComfyUI-GGUF").symlink_to(Path(str(GGUF_PACK)).resolve(), target_is_directory=True)
-    (custom / "ferry_test_nodes.py").symlink_to(HERE / "ferry_test_nodes.py")
-    models = base / "models"
-    cmd = [py, str(HERE / "make_gguf_models.py"), str(comfy), str(models), "--big", str(LAYERS)]
-    subprocess.run(cmd, check=True, timeout=900)
-    assert (models / "diffusion_models" / MODEL).stat().st_size >= 2 * LIMIT
+    base = gguf_base(tmp_path_factory.mktemp("comfy-gguf-big"), "--big", str(LAYERS))
+    assert (base / "models" / "diffusion_models" / MODEL).stat().st_size >= 2 * LIMIT
     return base
 
 
