@@ -132,7 +132,7 @@ def test_plain_and_ferry_equal(sweep: tuple[Server, dict[str, Any]], name: str) 
     srv, built = sweep
     spec = built.get(name, {"skip": "not built"})
     if "skip" in spec:
-        pytest.skip(spec["skip"])
+        pytest.skip(f"{name}: {spec['skip']}")
     plain = run(srv, sweep_graph(name, spec, f"{name}-plain", ferry_loader=False, offload=False))
     assert torch.isfinite(plain).all() and plain.abs().sum() > 0, "the plain run says nothing"
 
