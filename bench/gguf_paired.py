@@ -132,6 +132,7 @@ def run(size_gb: float, width: int, tokens: int, rounds: int, workdir: Path, ech
     x = torch.randn(tokens, width, generator=torch.Generator().manual_seed(1))
     models: dict[str, Net] = {"resident": load(gpath, width, depth, copy=True)}
     reads: dict[str, list[Path]] = {}
+    handles = []
     for name, source in (
         ("ferry-disk-gguf", gpath),
         ("ferry-disk-safetensors", spath),
@@ -140,9 +141,30 @@ def run(size_gb: float, width: int, tokens: int, rounds: int, workdir: Path, ech
         m = load(gpath, width, depth, copy=source is None)
         folder = workdir / name
         tier = DiskTier(str(folder), source_checkpoint=str(source) if source else None)
-        apply_offload(m, OffloadPolicy(level=BlockLevel(1), tier=tier), onload_device="cpu")
+        policy = OffloadPolicy(level=BlockLevel(1), tier=tier)
+        handles.append(apply_offload(m, policy, onload_device="cpu"))
         models[name] = m
         reads[name] = [source] if source else [folder]
+    try:
+        times, equal = _alternate(models, reads, x, rounds, echo)
+    finally:
+        for h in handles:
+            h.remove()  # Ferry's group files deleted; the .gguf and .safetensors kept for reruns
+    rows = []
+    for name in models:
+        ratios = [t / b for t, b in zip(times[name], times["resident"])]
+        rows.append((
+            name, f"{statistics.median(times[name]):.2f}", f"{statistics.median(ratios):.2f}",
+            f"{min(ratios):.2f}-{max(ratios):.2f}", "yes" if equal[name] else "NO",
+        ))  # fmt: skip
+    head = ("mode", "median s", "x resident", "range", "equal")
+    return report.md_table(head, rows)
+
+
+def _alternate(
+    models: dict[str, Net], reads: dict[str, list[Path]], x: torch.Tensor, rounds: int, echo: Any
+) -> tuple[dict[str, list[float]], dict[str, bool]]:
+    """Each round, every model's forward in turn, each disk mode from a cold page cache."""
     times: dict[str, list[float]] = {n: [] for n in models}
     equal = dict.fromkeys(models, True)
     with torch.no_grad():
@@ -160,15 +182,7 @@ def run(size_gb: float, width: int, tokens: int, rounds: int, workdir: Path, ech
                 f"  round {r + 1}/{rounds}: "
                 + ", ".join(f"{n} {times[n][-1]:.2f} s" for n in models)
             )
-    rows = []
-    for name in models:
-        ratios = [t / b for t, b in zip(times[name], times["resident"])]
-        rows.append((
-            name, f"{statistics.median(times[name]):.2f}", f"{statistics.median(ratios):.2f}",
-            f"{min(ratios):.2f}-{max(ratios):.2f}", "yes" if equal[name] else "NO",
-        ))  # fmt: skip
-    head = ("mode", "median s", "x resident", "range", "equal")
-    return report.md_table(head, rows)
+    return times, equal
 
 
 def main(argv: list[str] | None = None) -> int:
