@@ -16,7 +16,7 @@ from offload_core import BlockLevel, DiskTier, OffloadPolicy
 from offload_core.formats.safetensors import read_header, write_file
 from offload_core.loader import load_offloaded
 from offload_core.model.demo import DemoDiT, _shape_for, demo_inputs
-from offload_core.runtime.memory import PeakRssSampler
+from offload_core.runtime.memory import PeakRssSampler, process_memory
 
 GB = 1e9
 #: Each file is about 1.3 GB: at least twice the test's 600 MiB limit.
@@ -111,12 +111,16 @@ def quantized(arch: str, path: str, preset: str) -> tuple[torch.Tensor, dict[str
 def ferry(
     arch: str, path: str, disk: str, preset: str | None
 ) -> tuple[torch.Tensor, dict[str, float]]:
+    if preset is not None:
+        import torchao  # noqa: F401  (its import is not the load's: counted in the start)
+    start = process_memory().rss_anon
     sampler = PeakRssSampler().start()
     policy = OffloadPolicy(level=BlockLevel(1), tier=DiskTier(disk), prefetch_depth=1)
     handle = load_offloaded(
         path, lambda dev: build(arch), policy, onload_device="cpu", quantize=preset
     )
     model = handle.model
+    load_peak = sampler.peak.rss_anon
     with torch.no_grad():
         out = model(**inputs(arch, model))
     peak = sampler.stop()
@@ -124,6 +128,8 @@ def ferry(
     placement = handle._placement
     written = len(placement.store.written) if placement.store else 0
     info = {
+        "start_rss_anon": start,
+        "load_peak_rss_anon": load_peak,
         "peak_rss_anon": peak.rss_anon,
         "peak_rss_file": peak.rss_file,
         "outside_bytes": plan.outside_bytes,

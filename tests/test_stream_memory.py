@@ -81,8 +81,9 @@ def test_the_resident_load_is_killed_inside_the_same_limit(checkpoint) -> None: 
     assert run.killed, f"{arch}: the resident load survived {LIMIT} bytes (rc {run.returncode})"
 
 
-#: torchao's import (measured: 80 MB of RssAnon) on top of the 300 MB above.
-TORCHAO = 100 * MB
+#: Above what the load holds by design: the model's Python objects and one weight's torchao
+#: temporaries (measured: 110 MB in all over the start, against 152 MB of groups and weights).
+QUANT_SLACK = 100 * MB
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +103,24 @@ def test_quantizes_group_by_group_inside_a_limit_the_quantized_model_exceeds(
 ) -> None:  # type: ignore[no-untyped-def]
     path, d = quant_checkpoint
     args = ("ferry", "dit-q", str(path), str(d / "ferry"), str(d / "disk"), "int8-weight")
+    # As a user runs it (glibc's allocator as it comes): it fits, and equals load_quantized.
     run = cgroup_limit.run_limited(_worker(*args), LIMIT, env=_env())
     assert run.returncode == 0, f"rc {run.returncode}\n{run.stderr[-3000:]}"
     assert run.max_usage <= LIMIT
+    assert torch.equal(torch.load(d / "ferry.pt"), torch.load(d / "quantized.pt"))
+    # What Ferry holds: glibc's mmap threshold fixed at 1 MiB, so each block that size or more
+    # is unmapped when freed. Left to itself the threshold rises to the largest block freed
+    # (up to 32 MiB) and freed temporaries stay in the heap, fragmented, by timing: measured
+    # 342 MB here at a fixed threshold, 431-473 MB at the default, 579 MB on a CI machine.
+    fixed = {**_env(), "MALLOC_MMAP_THRESHOLD_": str(MB)}
+    run = cgroup_limit.run_limited(_worker(*args), LIMIT, env=fixed)
+    assert run.returncode == 0, f"rc {run.returncode}\n{run.stderr[-3000:]}"
     info = json.loads((d / "ferry.json").read_text())
     assert torch.equal(torch.load(d / "ferry.pt"), torch.load(d / "quantized.pt"))
     per_group = (info["prefetch_depth"] + 2) * info["largest_group"]
-    bound = info["outside_bytes"] + per_group + 2 * info["largest_weight"] + 300 * MB + TORCHAO
+    held = info["outside_bytes"] + per_group + 2 * info["largest_weight"]
+    # start_rss_anon: the interpreter, torch and torchao, measured just before the load.
+    bound = info["start_rss_anon"] + held + QUANT_SLACK
     print(f"dit-q int8: {json.dumps(info)} bound {bound} cgroup peak {run.max_usage}")
     assert info["peak_rss_anon"] <= bound, (info, bound)
     assert info["group_files_written"] == info["groups"]  # every block holds quantized Linears
