@@ -8,37 +8,39 @@ A ConfigError from offload_core names a *setting* ("vram_budget_gb"); a user see
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
-from ..offload_core.policy import DEFAULT_HEADROOM_GB, parse_disk_path
+from ..offload_core import ConfigError, FerryError, OffloadPolicy
+from ..offload_core.policy import DEFAULT_HEADROOM_GB, LEVEL_NAMES, TIER_NAMES, parse_disk_path
 from ..offload_core.sources import disk_folder
+from ..seam.controls import ControlNames
+from ..seam.offload import HeldOffload
 
 # Widget ids of "Ferry Offload Model". Stable forever: saved workflows refer to them.
-LEVELS = ("block", "leaf")
-TIERS = ("pinned", "ram", "disk")
+LEVELS = LEVEL_NAMES
+TIERS = TIER_NAMES
 VERIFY_CHOICES = ("first_read", "every_read")
 CPU_READ_CHOICES = ("auto", "mapped", "copy")
 
-# offload_core setting name -> the widget a user changes to fix it.
-_WIDGET_FOR_SETTING = {
-    "level": "level",
-    "blocks_per_group": "blocks_per_group",
-    "tier": "tier",
-    "disk_path": "disk_path",
-    "source_checkpoint": "disk_path",
-    "prefetch_depth": "prefetch_depth",
-    "vram_budget": "vram_budget",
-    "vram_budget_gb": "vram_budget",
-    "headroom_bytes": "headroom_gb",
-    "headroom_gb": "headroom_gb",
-    "direct_io": "direct_io",
-    "verify": "verify",
-    "cpu_read": "cpu_read",
-    "quant_preset": "quant_preset",
-}
+#: Which widget fixes each setting: the ids both hosts share (seam/controls.py) and this
+#: node's own; a setting with no widget keeps its name.
+NAMES = ControlNames(
+    saved="use_panel_settings",
+    saved_help=(
+        "the Ferry panel's saved setting {setting!r} is invalid ({message}); fix it in "
+        "the panel, or turn use_panel_settings off and set the widgets here"
+    ),
+    extra={
+        "headroom_bytes": "headroom_gb",
+        "headroom_gb": "headroom_gb",
+        "direct_io": "direct_io",
+        "verify": "verify",
+        "cpu_read": "cpu_read",
+        "quant_preset": "quant_preset",
+    },
+)
 
 
 class NodeInputError(FerryError, ValueError):
@@ -52,18 +54,7 @@ class NodeInputError(FerryError, ValueError):
 
 def as_node_error(err: ConfigError, *, panel: bool = False) -> NodeInputError:
     """Re-labels an offload_core ConfigError with the widget that fixes it."""
-    msg = str(err)
-    prefix = f"{err.setting}: "
-    if msg.startswith(prefix):
-        msg = msg[len(prefix) :]
-    if panel:
-        # The values came from the panel's settings file, not from a widget on this node.
-        return NodeInputError(
-            "use_panel_settings",
-            f"the Ferry panel's saved setting {err.setting!r} is invalid ({msg}); fix it in "
-            "the panel, or turn use_panel_settings off and set the widgets here",
-        )
-    return NodeInputError(_WIDGET_FOR_SETTING.get(err.setting, err.setting), msg)
+    return NodeInputError(*NAMES.relabel(err, saved=panel))
 
 
 def policy_from_inputs(
@@ -125,17 +116,7 @@ def check_disk_folder(path: str, need_bytes: int | None = None) -> Path:
 
 
 @dataclass(frozen=True)
-class FerryConfig:
-    """What a Ferry-offloaded MODEL carries through clone(): how and under which name."""
+class FerryConfig(HeldOffload):
+    """What a Ferry-offloaded MODEL carries through clone() (seam/offload.py)."""
 
-    policy: OffloadPolicy
     name: str = "diffusion_model"
-
-    def with_source_checkpoint(self, path: str | None) -> FerryConfig:
-        """Lets the disk tier read unchanged groups straight from the model's own file."""
-        tier = self.policy.tier
-        if not isinstance(tier, DiskTier) or not path:
-            return self
-        return replace(
-            self, policy=replace(self.policy, tier=replace(tier, source_checkpoint=path))
-        )

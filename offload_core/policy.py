@@ -6,7 +6,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from .errors import ConfigError
 from .units import GIB
@@ -97,6 +97,9 @@ Level = BlockLevel | LeafLevel
 Tier = PinnedRamTier | RamTier | DiskTier
 TierName = Literal["pinned", "ram", "disk"]
 LevelName = Literal["block", "leaf"]
+#: The choice lists every host shows (ComfyUI's widgets, Forge's controls, the panel), in order.
+TIER_NAMES: tuple[TierName, ...] = get_args(TierName)
+LEVEL_NAMES: tuple[LevelName, ...] = get_args(LevelName)
 AUTO: Literal["auto"] = "auto"
 
 

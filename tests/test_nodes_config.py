@@ -155,8 +155,7 @@ def test_source_checkpoint_only_for_the_disk_tier(tmp_path: Path) -> None:
     disk = config.FerryConfig(
         config.policy_from_inputs(**{**GOOD, "tier": "disk", "disk_path": str(tmp_path)})
     )
-    assert (
-        disk.with_source_checkpoint("/m.safetensors").policy.tier.source_checkpoint
-        == "/m.safetensors"
-    )
+    source = tmp_path / "m.safetensors"  # the source must be a file (seam/offload.py)
+    source.write_bytes(b"")
+    assert disk.with_source_checkpoint(str(source)).policy.tier.source_checkpoint == str(source)
     assert disk.with_source_checkpoint(None) == disk

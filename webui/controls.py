@@ -10,15 +10,16 @@ The accordion's values reach a script positionally (the UI, and API callers' ``a
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
-from ..offload_core.policy import parse_disk_path
+from ..offload_core.policy import LEVEL_NAMES, TIER_NAMES, parse_disk_path
 from ..offload_core.sources.disk_folder import check_disk_folder
+from ..seam.controls import ControlNames
+from ..seam.offload import HeldOffload
 
 SECTION = "Ferry offload"
 
@@ -34,24 +35,23 @@ CONTROLS = (
     ("use_saved", "Use saved settings"),
 )
 LABELS = dict(CONTROLS)
-LEVELS = ("block", "leaf")
-TIERS = ("pinned", "ram", "disk")
+LEVELS = LEVEL_NAMES
+TIERS = TIER_NAMES
 DEFAULTS: dict[str, Any] = {
     "enabled": False, "level": "block", "blocks_per_group": 1, "tier": "pinned", "disk_path": "",
     "prefetch_depth": 1, "vram_budget": "auto", "use_saved": False,
 }  # fmt: skip
 
-# offload_core setting name -> the control a user changes to fix it.
-_CONTROL_FOR_SETTING = {
-    "level": "level",
-    "blocks_per_group": "blocks_per_group",
-    "tier": "tier",
-    "disk_path": "disk_path",
-    "source_checkpoint": "disk_path",
-    "prefetch_depth": "prefetch_depth",
-    "vram_budget": "vram_budget",
-    "vram_budget_gb": "vram_budget",
-}
+#: Which control fixes each setting: the shared ids (seam/controls.py); a setting this
+#: accordion does not show (headroom, direct_io, ...) is said whole, under Use saved settings.
+NAMES = ControlNames(
+    saved="use_saved",
+    saved_help=(
+        "the saved setting {setting!r} is invalid ({message}); fix it in the Ferry tab "
+        "and Save, or turn Use saved settings off and set the controls here"
+    ),
+    unshown="use_saved",
+)
 
 
 class ControlError(FerryError, ValueError):
@@ -67,37 +67,16 @@ class ControlError(FerryError, ValueError):
 
 def as_control_error(err: ConfigError, *, saved: bool = False) -> ControlError:
     """Re-labels an offload_core ConfigError with the control that fixes it."""
-    msg = str(err).removeprefix(f"{err.setting}: ")
-    if saved:
-        # The values came from the settings file, not from a control of this accordion.
-        return ControlError(
-            "use_saved",
-            f"the saved setting {err.setting!r} is invalid ({msg}); fix it in the Ferry tab "
-            "and Save, or turn Use saved settings off and set the controls here",
-        )
-    control = _CONTROL_FOR_SETTING.get(err.setting)
-    if control is None:  # a setting this accordion does not show (headroom, direct_io, ...)
-        return ControlError("use_saved", f"{err}")
-    return ControlError(control, msg)
+    return ControlError(*NAMES.relabel(err, saved=saved))
 
 
 @dataclass(frozen=True)
-class ForgeOffload:
-    """What a Ferry patcher carries through Forge's clones: how, and under which name."""
+class ForgeOffload(HeldOffload):
+    """What a Ferry patcher carries through Forge's clones (seam/offload.py), and whether its
+    values came from the settings file (then an error names Use saved settings)."""
 
-    policy: OffloadPolicy
     name: str = "unet"
     from_saved: bool = False
-
-    def with_source_checkpoint(self, path: str | None) -> ForgeOffload:
-        """Lets the disk tier read unchanged groups straight from the checkpoint file."""
-        tier = self.policy.tier
-        if not isinstance(tier, DiskTier) or not path or not path.endswith(".safetensors"):
-            return self
-        if not os.path.isfile(path):  # moved or deleted since Forge loaded it: write groups
-            return self
-        policy = replace(self.policy, tier=replace(tier, source_checkpoint=path))
-        return replace(self, policy=policy)
 
     def infotext(self) -> str:
         """The infotext value (key ``INFOTEXT_KEY``): every setting but the folder, which is

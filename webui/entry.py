@@ -82,7 +82,7 @@ def forge_panel_options() -> dict[str, Any]:
         unet = getattr(getattr(model, "forge_objects", None), "unet", None)
         if unet is None:
             return None
-        return UnetLayout.of(unet.model).twin()
+        return UnetLayout.of(unet.model).twin_plans()
 
     def is_busy() -> bool:
         return bool(shared.state.job_count)

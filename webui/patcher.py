@@ -11,7 +11,7 @@ monkeypatching. What Forge sees:
   its own CPU swap (``build_module_profile``), it finds nothing to move behind Ferry's back.
 - ``forge_unpatch_model(device)`` (a full unload: ``free_memory``, a checkpoint switch)
   releases the layout; ``forge_unpatch_model()`` (a clone replacing this one) keeps it when
-  the next patcher is Ferry's with the same offload (layout.py's Note).
+  the next patcher is Ferry's with the same offload (seam/layout.py's Note).
 - ``refresh_loras`` never merges into a live layout.
 - No ``model_size``: Forge calls it only from ``ModelPatcher.__init__`` (a Ferry patcher is
   still Forge's class then: ``ferry_clone`` switches it after), and reads the ``size`` it
@@ -75,7 +75,7 @@ class FerryPatcherMixin:
         return n
 
     def is_clone(self, other: Any) -> bool:
-        # unload_model_clones asks the patcher it is about to load: see layout.py's Note.
+        # unload_model_clones asks the patcher it is about to load: see seam/layout.py's Note.
         self._ferry_layout().mark_loading(self.ferry_offload)
         return bool(super().is_clone(other))  # type: ignore[misc]
 
@@ -111,7 +111,7 @@ class FerryPatcherMixin:
 
     def forge_unpatch_model(self, target_device: Any = None) -> None:
         layout = self._ferry_layout()
-        release = target_device is not None or layout.should_release_on_unpatch(self)
+        release = target_device is not None or layout.should_release_on_detach(self)
         if release and layout.release():
             print(f"Ferry: released {self.ferry_offload.name if self.ferry_offload else 'unet'}")
         if not layout.live:

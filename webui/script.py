@@ -10,7 +10,7 @@ does nothing when the accordion is off: Forge's own path, untouched.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..offload_core import BlockLevel, ConfigError, FerryError, OffloadPolicy, RamTier
@@ -78,9 +78,9 @@ def offload_for(p: Any, values: tuple[Any, ...], host: Host) -> ForgeOffload | N
     layout = UnetLayout.of(unet.model)
     try:
         # Blocks per group first, in the accordion's words: the model's longest run of blocks.
-        probe = layout.plan(OffloadPolicy(level=BlockLevel(1), tier=RamTier()), unet.load_device)
-        check_blocks(offload, probe.max_blocks_per_group)
-        layout.plan(offload.policy, unet.load_device)
+        probe = replace(offload, policy=OffloadPolicy(level=BlockLevel(1), tier=RamTier()))
+        check_blocks(offload, layout.plan(probe, unet.load_device).max_blocks_per_group)
+        layout.plan(offload, unet.load_device)
     except ConfigError as e:
         raise as_control_error(e, saved=offload.from_saved) from None
     check_folder(offload)

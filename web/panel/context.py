@@ -7,7 +7,6 @@ swaps a policy under a running forward ("between runs").
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +24,6 @@ from ...offload_core import (
     RamTier,
     apply_offload,
     live_offloads,
-    plan_offload,
 )
 from ...offload_core.model.layout import module_nbytes
 from ...offload_core.tools.monitor import Monitor, get_monitor
@@ -35,6 +33,7 @@ from ...offload_core.tools.settings_file import (
     load_settings,
     save_settings,
 )
+from ...seam.plans import Plans
 
 SAVED_FOR_COMFYUI = "ComfyUI's Ferry nodes with *use panel settings* read it."
 APPLY_REOFFLOADS = "**Apply** re-offloads the models loaded now (between runs)."
@@ -47,33 +46,16 @@ def model_bytes(model: torch.nn.Module) -> int:
     return module_nbytes(model)
 
 
-def meta_twin(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model`` whose tensors are on the meta device: same structure, no memory.
-
-    Plans for any policy can be drawn on it while the real model is offloaded (plan_offload
-    refuses an offloaded model). Call it before the model is offloaded.
-    """
-    memo: dict[int, Any] = {}
-    for t in (*model.parameters(), *model.buffers()):
-        mt = torch.empty_like(t, device="meta")
-        memo[id(t)] = (
-            torch.nn.Parameter(mt, requires_grad=t.requires_grad)
-            if isinstance(t, torch.nn.Parameter)
-            else mt
-        )
-    return copy.deepcopy(model, memo)
-
-
 @dataclass
 class DemoSession:
-    """The built-in demo model the standalone panel offloads and runs, and its meta twin
-    (see ``meta_twin``) that the settings preview plans on."""
+    """The built-in demo model the standalone panel offloads and runs, and the plans on its
+    meta twin (seam/plans.py) that the settings preview shows."""
 
     size_gb: float
     tokens: int = 64
     dtype: torch.dtype = torch.float32
     model: torch.nn.Module | None = None
-    twin: torch.nn.Module | None = None
+    plans: Plans | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
 
     def build(self, device: str = "cpu") -> None:
@@ -82,7 +64,7 @@ class DemoSession:
         self.model = build_demo_model(size_gb=self.size_gb, dtype=self.dtype, seed=0)
         # Inputs live where the forward runs: the engine brings weights there, not inputs.
         self.inputs = demo_inputs(self.model, batch=1, tokens=self.tokens, seed=0, device=device)
-        self.twin = meta_twin(self.model)
+        self.plans = Plans.on_twin(self.model)
 
 
 class PanelContext:
@@ -97,7 +79,7 @@ class PanelContext:
         monitor: Monitor | None = None,
         is_busy: Callable[[], bool] | None = None,
         reapply_hook: Callable[[Any, OffloadPolicy], str] | None = None,
-        reference: Callable[[], torch.nn.Module | None] | None = None,
+        reference: Callable[[], Plans | None] | None = None,
         saved_note: str = SAVED_FOR_COMFYUI,
         apply_note: str = APPLY_REOFFLOADS,
     ) -> None:
@@ -109,8 +91,8 @@ class PanelContext:
         # A host that keeps its own reference to each handle (ComfyUI's binding) re-offloads
         # through its own code: hook(handle, policy) -> one status line.
         self.reapply_hook = reapply_hook
-        # A host whose model is known before it is offloaded (Forge's UNet) gives a meta
-        # copy of it to plan previews on: reference() -> module on meta, or None.
+        # A host whose model is known before it is offloaded (Forge's UNet) gives the plans
+        # on its meta twin for the previews: reference() -> Plans, or None.
         self.reference = reference
         # Who reads the saved file, said after Save; what Apply does in this host.
         self.saved_note = saved_note
@@ -126,12 +108,17 @@ class PanelContext:
         return save_settings(settings, self.settings_path)
 
     # ---- the model the settings are for --------------------------------------------------
-    def reference_model(self) -> torch.nn.Module | None:
-        """The model previews are planned on: the demo's meta twin, the host's reference
-        model, else none (see plan)."""
-        if self.demo is not None and self.demo.twin is not None:
-            return self.demo.twin
+    def reference_plans(self) -> Plans | None:
+        """The plans previews show: on the demo's meta twin, on the host's reference model,
+        else none (see plan)."""
+        if self.demo is not None and self.demo.plans is not None:
+            return self.demo.plans
         return self.reference() if self.reference is not None else None
+
+    def reference_model(self) -> torch.nn.Module | None:
+        """The (meta) model previews are planned on, if any."""
+        plans = self.reference_plans()
+        return None if plans is None else plans.basis
 
     def _live_plan(self) -> Any | None:
         # Inside ComfyUI there is no twin: the loaded model is already offloaded, so its
@@ -143,10 +130,10 @@ class PanelContext:
 
     def plan(self, policy: OffloadPolicy) -> Any | None:
         """The plan of ``policy`` (nothing moves), or the live model's plan, or None."""
-        model = self.reference_model()
-        if model is None:
+        plans = self.reference_plans()
+        if plans is None:
             return self._live_plan()
-        return plan_offload(model, policy, onload_device=self.onload_device)
+        return plans.plan(policy, self.onload_device)
 
     def max_blocks(self) -> int:
         probe = OffloadPolicy(level=BlockLevel(1), tier=RamTier())

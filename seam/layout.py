@@ -1,0 +1,287 @@
+"""One model's live Ferry layout, kept across the patcher clones a host makes: any host.
+
+Hosts clone a patcher at every node or script that changes it (ComfyUI's ModelPatcher,
+Forge's UnetPatcher), and every clone shares one model object (ComfyUI's BaseModel, Forge's
+KModel). So the layout belongs to that shared object, not to a patcher: a ``LiveLayout``
+lives on it (``of``), and each Ferry patcher asks it to make the network match its offload
+(``ensure``), to let go (``release``), or for a plan (``plan``). A host is a subclass that
+fills in the hooks (``nodes/binding.py``, ``webui/layout.py``, ``tests/seam_test_host.py``).
+
+[Note: why a "loading" mark]
+A host's loader unloads every loaded clone of a model just before it loads the one asked for
+(ComfyUI's ``load_models_gpu`` detaches them, Forge's ``unload_model_clones`` unpatches them
+without moving them), and it asks the *loading* patcher ``is_clone(old)`` first. Laying the
+groups out again on every prompt would cost a full copy (a full rewrite on the disk tier), so
+an unload immediately followed by a Ferry patcher with the same offload keeps the layout: a
+Ferry patcher marks itself in ``is_clone`` (``mark_loading``); a plain patcher (Ferry off)
+leaves no mark, so the unload before it releases the layout and the host's own load gets the
+plain network back. A host also unloads clones it finds abandoned (a garbage-collected
+patcher detaches itself): only the patcher that loaded the layout (its *owner*), or any once
+the owner is gone, releases it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, TypeVar
+
+import torch
+from torch import nn
+
+from ..offload_core import (
+    CheckpointWeights,
+    OffloadHandle,
+    apply_offload,
+    find_offload,
+)
+from ..offload_core.errors import WeightsLostError
+from ..offload_core.model.layout import module_nbytes
+from ..offload_core.model.plan import OffloadPlan
+from ..offload_core.policy import AUTO, OffloadPolicy
+from .offload import HeldOffload
+from .plans import Plans
+
+Progress = Callable[[int, int], None]
+FreeVram = Callable[[torch.device], "int | None"]
+L = TypeVar("L", bound="LiveLayout")
+
+
+@dataclass(frozen=True)
+class LayoutKey:
+    """What a live layout was made for: a patcher with another key lays the groups out again."""
+
+    policy: OffloadPolicy
+    device: str
+    weights: Hashable  # the host's name for the weights' state (a LoRA set): None if plain
+    name: str
+
+    def same_offload(self, offload: HeldOffload) -> bool:
+        return (self.policy, self.name) == (offload.policy, offload.name)
+
+
+class LiveLayout:
+    """The Ferry layout of ``module`` (the network every clone of one model shares), if any.
+
+    A host subclass sets ``attr`` (where on the shared object it lives) and
+    ``plans_on_twin``, and overrides the hooks below where its loader needs them.
+    """
+
+    attr: ClassVar[str]
+    #: Plans drawn on a meta twin made once while the network is plain (the live layout is
+    #: never touched by a plan), or on the network itself (then a plan for an offload other
+    #: than the live one lets the live one go: that offload replaces it at its load). A host
+    #: whose weights can change shape or kind after the first plan (ComfyUI: lazy Linears,
+    #: quantized or GGUF tensors whose meta copies size otherwise) plans on the network.
+    plans_on_twin: ClassVar[bool] = False
+
+    def __init__(self, module: nn.Module, shared: Any = None) -> None:
+        self.module = module
+        self.handle: OffloadHandle | None = None
+        self.key: LayoutKey | None = None
+        self.loading: HeldOffload | None = None
+        #: The host's count of free memory on a device (vram_budget "auto"); None: offload_core's.
+        self.free_vram: FreeVram | None = None
+        self._shared = weakref.ref(shared) if shared is not None else None
+        self._owner: weakref.ref[Any] | None = None
+        self._plans = Plans(module)
+        self._twin_plans: Plans | None = None
+
+    @classmethod
+    def of(cls: type[L], shared: Any, module: nn.Module | None = None) -> L:
+        """The layout stored on ``shared`` (the object every clone shares), created on first
+        use; ``module`` is the network (by default ``shared.diffusion_model``)."""
+        net: nn.Module = shared.diffusion_model if module is None else module
+        lay = shared.__dict__.get(cls.attr)
+        if lay is None or lay.module is not net:
+            lay = cls(net, shared)
+            shared.__dict__[cls.attr] = lay
+        return lay  # type: ignore[no-any-return]
+
+    def shared(self) -> Any:
+        """The object every clone shares (None once it is gone)."""
+        return self._shared() if self._shared is not None else None
+
+    # -- the host's hooks (each does nothing here) ------------------------------------------
+    def made_plain(self) -> None:
+        """The network is plain again and about to be planned on or laid out: what the host's
+        own load would do to its weights first (Forge bakes GGUF weights)."""
+
+    def laying_out(self) -> None:
+        """Right before the groups are laid out (the weights are ready)."""
+
+    def laid_out(self, done: bool) -> None:
+        """After a layout: ``done`` False where it failed (the network is as it was)."""
+
+    def released(self) -> None:
+        """After the layout was removed (every parameter back as it was)."""
+
+    def let_go_of(self) -> None:
+        """After a layout this one did not expect was removed (the host's counts of it)."""
+
+    def weights_lost(self, err: WeightsLostError) -> BaseException:
+        """What to raise where removing the layout found its only copy of some weights gone."""
+        return err
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def live(self) -> bool:
+        return self.handle is not None and not self.handle.removed
+
+    @property
+    def weights_key(self) -> Hashable:
+        return None if self.key is None else self.key.weights
+
+    def serves(self, offload: HeldOffload, device: torch.device | str) -> bool:
+        """True when the live layout is ``offload``'s on ``device`` (whatever its weights)."""
+        k = self.key
+        return self.live and k is not None and k.same_offload(offload) and k.device == str(device)
+
+    def device_bytes(self) -> int:
+        """Weights Ferry holds on the onload device (outside groups, resident groups, slots)."""
+        return self.handle.plan.device_bytes if self.live and self.handle is not None else 0
+
+    def plan(self, offload: HeldOffload, device: torch.device | str) -> OffloadPlan:
+        """The plan of ``offload`` on ``device``: validates everything, moves nothing."""
+        k = self.key
+        live = self.handle if self.live else None
+        if (
+            live is not None
+            and k is not None
+            and (k.policy, k.device) == (offload.policy, str(device))
+        ):
+            return live.plan
+        plans = self.twin_plans() if self.plans_on_twin else self._plans
+        plan = plans.cached(offload.policy, device)
+        if plan is not None:
+            return plan
+        if not self.plans_on_twin:
+            self._let_go()  # plans are drawn on the plain network (see plans_on_twin)
+        return plans.plan(offload.policy, device, budget=self.budget(offload.policy, device))
+
+    def twin_plans(self) -> Plans:
+        """Plans on the network's meta twin (made the first time: the network goes plain)."""
+        if self._twin_plans is None:
+            self._let_go()
+            self.made_plain()
+            self._twin_plans = Plans.on_twin(self.module)
+        return self._twin_plans
+
+    def budget(self, policy: OffloadPolicy, device: torch.device | str) -> OffloadPolicy:
+        """``policy`` with "auto" resolved by the host's count of free memory, where it keeps
+        one (the network's bytes are counted only then: a walk over every tensor)."""
+        if policy.vram_budget != AUTO or self.free_vram is None:
+            return policy
+        free = self.free_vram(torch.device(device))
+        on_device = 0 if free is None else module_nbytes(self.module, on=torch.device(device))
+        return resolve_auto(policy, free, on_device)
+
+    # -- changing --------------------------------------------------------------------------
+    def ensure(
+        self,
+        offload: HeldOffload,
+        device: torch.device | str,
+        weights: Hashable,
+        prepare: Callable[[], CheckpointWeights | None],
+        progress: Progress | None = None,
+    ) -> bool:
+        """Makes the network laid out by ``offload`` on ``device`` with its weights in state
+        ``weights``; returns True when it had to lay the groups out (again). ``prepare`` runs
+        on the plain network first (the host's weight patches) and returns where the weights
+        wait in a checkpoint, if they do (a network built on meta: groups filled from it)."""
+        key = LayoutKey(offload.policy, str(device), weights, offload.name)
+        if self.live and self.key == key:
+            return False
+        self.plan(offload, device)  # every check, before anything moves
+        owner = self._owner  # the patcher that asked is the owner of the new layout too
+        self.release()
+        self._let_go()  # a layout another holder lost track of (see plan())
+        self.made_plain()
+        from_file = prepare()
+        self.laying_out()
+        try:
+            self.handle = apply_offload(
+                self.module,
+                self.budget(offload.policy, device),
+                onload_device=device,
+                name=offload.name,
+                progress=progress,
+                weights=from_file,
+            )
+        except BaseException:
+            self.laid_out(False)  # apply_offload put the network back as it was
+            raise
+        self.key, self._owner = key, owner
+        self._plans.remember(offload.policy, device, self.handle.plan)
+        self.laid_out(True)
+        return True
+
+    def release(self) -> bool:
+        """Removes the layout: every parameter back as it was, Ferry's files deleted."""
+        self.loading = None
+        handle = self.handle
+        if handle is None or handle.removed:
+            self.handle, self.key = None, None
+            return False
+        try:
+            handle.remove()  # never stops half-way
+        except WeightsLostError as e:  # their only copy was a damaged file
+            raise self.weights_lost(e) from e
+        finally:
+            # A RestoreIncompleteError leaves the layout live (nothing dropped): kept, so the
+            # next release tries again.
+            if handle.removed:
+                self.handle, self.key, self._owner = None, None, None
+                self.released()
+        return True
+
+    def _let_go(self) -> None:
+        """Whatever Ferry layout the network has (this one's or a lost one) is removed."""
+        if find_offload(self.module) is None:
+            return
+        try:
+            self.release()
+            stray = find_offload(self.module)
+            if stray is not None:  # laid out by other code: it goes, the next load redoes it
+                stray.remove()
+        finally:
+            self.let_go_of()
+
+    # -- the loader's handshake (see the Note above) -----------------------------------------
+    def mark_loading(self, offload: HeldOffload | None) -> None:
+        self.loading = offload
+
+    def set_owner(self, patcher: Any) -> None:
+        """``patcher`` is the one loading (so using) the layout now."""
+        self._owner = weakref.ref(patcher)
+
+    def keep_on_detach(self) -> bool:
+        """True when the patcher about to load wants exactly the live layout (the mark is
+        consumed: a later unload with no mark releases)."""
+        loading, self.loading = self.loading, None
+        return (
+            self.live
+            and loading is not None
+            and self.key is not None
+            and (self.key.same_offload(loading))
+        )
+
+    def should_release_on_detach(self, patcher: Any) -> bool:
+        """Whether an unload of ``patcher`` that does not move the model (a clone replacing
+        it, or the patcher being garbage-collected) releases the layout: not when a Ferry
+        patcher with the same offload loads next, and only from the owner (or any patcher
+        once the owner is gone)."""
+        if self.keep_on_detach():
+            return False
+        owner = self._owner() if self._owner is not None else None
+        return owner is None or owner is patcher
+
+
+def resolve_auto(policy: OffloadPolicy, free: int | None, on_device: int) -> OffloadPolicy:
+    """``policy`` with vram_budget "auto" turned into bytes from the host's ``free`` count (the
+    network's own bytes already on the device count as free: they move off), as offload_core
+    does with ``torch.cuda.mem_get_info``; as it is where the host counts nothing (a CPU)."""
+    if policy.vram_budget != AUTO or free is None:
+        return policy
+    return replace(policy, vram_budget=max(free + on_device - policy.headroom_bytes, 1))
