@@ -18,7 +18,8 @@ import psutil
 import torch
 
 from ..offload_core.model import meta_build
-from .dynamic import give_lazy_layers_meta_weights, restore_model_dtypes
+from ..offload_core.units import fmt_bytes
+from .dynamic import give_lazy_layers_meta_weights, restore_model_dtypes, say_once
 
 try:  # v0.11+: aimdo's switch and the RAM-pressure cache's headroom live here
     import comfy.memory_management as core_memory
@@ -146,3 +147,20 @@ def executing_node() -> str | None:
     except (ImportError, AttributeError, TypeError):
         pass  # a core without a server (tests, scripts): the id alone
     return f"node {node_id} ({class_type})" if class_type else f"node {node_id}"
+
+
+def say_if_ram_cache_drops_models() -> None:
+    """Says once where ComfyUI's RAM-pressure cache will drop the model after each node."""
+    short = ram_cache_shortfall()
+    if short is not None:
+        available, headroom = short
+        say_once("ram-cache", RAM_CACHE_HELP.format(fmt_bytes(available), fmt_bytes(headroom)))
+
+
+RAM_CACHE_HELP = (
+    "Ferry Offload Model: ComfyUI's RAM-pressure cache (its default) keeps {1} of RAM free and "
+    "{0} is available now, so after each node it drops cached models, this one included: the "
+    "next prompt loads the model and Ferry lays it out again. To keep it, use Ferry's disk tier "
+    "(the least RAM), or start ComfyUI with --cache-ram followed by a headroom in GB below "
+    "what is free (e.g. --cache-ram 1), or with --cache-classic."
+)

@@ -33,12 +33,12 @@ from comfy.patcher_extension import CallbacksMP, WrappersMP
 from ..offload_core import ApiUseError, ConfigError, FerryError
 from ..offload_core.model.layout import module_nbytes
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
-from ..offload_core.units import fmt_bytes
 from ..seam.patcher_class import keep_ferry_class, with_ferry
 from . import comfy_core
 from .binding import OffloadBinding
 from .config import FerryConfig, NodeInputError, as_node_error
 from .dynamic import DYNAMIC_VRAM_HELP, plain_patcher, say_once
+from .hold import HeldByFerry, anchor, hold
 from .pusher import ensure_pushing
 from .recovery import KEY as RECOVERY_KEY
 from .recovery import ModelReloadError, for_node, guard, has_meta, in_prompt, refuse_lost
@@ -47,7 +47,7 @@ from .stream_loader import is_lazy, materialize, stream_weights
 log = logging.getLogger("ferry")
 
 
-class FerryPatcherMixin:
+class FerryPatcherMixin(HeldByFerry):
     """Put in front of the input MODEL's own patcher class (see ``ferry_patcher_class``)."""
 
     ferry_config: FerryConfig | None = None
@@ -221,7 +221,7 @@ class FerryPatcherMixin:
                 outside += module_nbytes(m)
             if changed:
                 log.info("ferry: laid out %s\n%s", cfg.name, binding.handle.plan.describe())
-                _say_if_ram_cache_drops_models()
+                comfy_core.say_if_ram_cache_drops_models()
             self._ferry_account(device, binding.device_bytes() + outside)
             for callback in self.get_all_callbacks(CallbacksMP.ON_LOAD):
                 callback(self, device_to, lowvram_model_memory, force_patch_weights, full_load)
@@ -256,7 +256,7 @@ class FerryPatcherMixin:
         # with the same config follows and this patcher owns the layout (or nobody does). A
         # Ferry patcher being garbage-collected (its cached node output dropped because the
         # node ran again) leaves that to its Ferry parent: see [Note: the anchor].
-        if not unpatch_all and self._ferry_collected and _is_ferry(self.parent):
+        if not unpatch_all and self._ferry_collected and isinstance(self.parent, HeldByFerry):
             return super().detach(unpatch_all)  # type: ignore[misc]
         release = unpatch_all or self._ferry_release_on_detach()
         if release and self._ferry_release():
@@ -284,96 +284,6 @@ def ferry_patcher_class(base: type) -> type:
     return with_ferry(FerryPatcherMixin, base)
 
 
-# [Note: a hold that says when it is lost]
-# Ferry holds a MODEL through its patcher's class, which Ferry's own clone keeps (a pack's
-# clone that sets its class back runs inside it). A node could still build a patcher Ferry's
-# clone never sees (copying the fields into a new object, or setting ``__class__`` after
-# cloning). What every core carries across any clone is the patcher's callbacks, wrappers and
-# attachments, whatever its class: so a Ferry patcher carries two callbacks. ON_CLONE notes on
-# each clone which node made it (the executing node then); ON_PRE_RUN, called on the patcher
-# that samples, finds a patcher that carries Ferry's callbacks without Ferry's class: Ferry
-# was dropped there, and the log says so once, naming the node that made that patcher. The
-# output is still right (the plain model runs); only the memory Ferry would have saved is not.
-HOLD_KEY = "ferry.hold"
-MADE_BY = "ferry_made_by"  # on a clone's __dict__ (survives a change of __class__)
-
-
-def _note_clone(src: Any, n: Any) -> None:
-    n.__dict__[MADE_BY] = comfy_core.executing_node() or src.__dict__.get(MADE_BY)
-
-
-def _check_held(patcher: Any) -> None:
-    if isinstance(patcher, FerryPatcherMixin):
-        return
-    node = patcher.__dict__.get(MADE_BY) or "a node after Ferry Offload Model"
-    say_once(
-        f"dropped:{node}",
-        DROPPED_HELP.format(node=node, cls=type(patcher).__name__),
-    )
-
-
-DROPPED_HELP = (
-    "Ferry Offload Model: {node} replaced the model's patcher with a {cls} that is not "
-    "Ferry's, so this model now runs WITHOUT Ferry's offload (the output is the same; the "
-    "memory is not saved). Put Ferry Offload Model after {node}, right before the sampler."
-)
-
-
-def hold(n: Any) -> None:
-    """Ferry's callbacks on a Ferry patcher (see the Note above)."""
-    n.add_callback_with_key(CallbacksMP.ON_CLONE, HOLD_KEY, _note_clone)
-    n.add_callback_with_key(CallbacksMP.ON_PRE_RUN, HOLD_KEY, _check_held)
-
-
-def _say_if_ram_cache_drops_models() -> None:
-    short = comfy_core.ram_cache_shortfall()
-    if short is not None:
-        available, headroom = short
-        say_once("ram-cache", RAM_CACHE_HELP.format(fmt_bytes(available), fmt_bytes(headroom)))
-
-
-RAM_CACHE_HELP = (
-    "Ferry Offload Model: ComfyUI's RAM-pressure cache (its default) keeps {1} of RAM free and "
-    "{0} is available now, so after each node it drops cached models, this one included: the "
-    "next prompt loads the model and Ferry lays it out again. To keep it, use Ferry's disk tier "
-    "(the least RAM), or start ComfyUI with --cache-ram followed by a headroom in GB below "
-    "what is free (e.g. --cache-ram 1), or with --cache-classic."
-)
-
-
-# [Note: the anchor]
-# ComfyUI caches a node's output and drops it when the node runs again; a dropped patcher is
-# garbage-collected, and its __del__ detaches it. ComfyUI's LoadedModel then switches to the
-# patcher's ``parent`` (LoadedModel._switch_parent), and every later load of the same model
-# detaches that parent (load_models_gpu's is_clone loop). A Ferry node that runs again with the
-# same config (its panel settings saved anew, an input upstream changed and changed back) makes
-# its new patcher before the old one is collected: releasing the layout on that collection
-# would lay the model out again for nothing. So each Ferry patcher's parent is a config-less
-# Ferry patcher of the same model, the *anchor*, kept on the input MODEL (cached upstream, so
-# it outlives the Ferry outputs): a collected Ferry patcher leaves the layout to the anchor,
-# whose detach (the next load of anything else), unload or own collection releases it exactly
-# as the owner's would have, and which a Ferry patcher with the same config keeps. The anchor's
-# parent is the input's parent, so LoadedModel's chain ends where it ended without Ferry.
-ANCHOR = "ferry_anchor"
-
-
-def _is_ferry(p: Any) -> bool:
-    return isinstance(p, FerryPatcherMixin)
-
-
-def _anchor(model: Any, src: Any) -> Any:
-    a = model.__dict__.get(ANCHOR)
-    if a is None or a.model is not src.model:
-        a = src.clone()
-        a.__class__ = ferry_patcher_class(type(src))
-        a.ferry_config = None
-        # LoadedModel's chain goes on to where the input's own would (no reference cycle: the
-        # input holds the anchor, the anchor holds only the input's ancestors).
-        a.parent = getattr(model, "parent", None)
-        model.__dict__[ANCHOR] = a
-    return a
-
-
 def ferry_clone(model: Any, config: FerryConfig) -> Any | None:
     """A clone of the MODEL ``model`` whose loads go through Ferry with ``config``; None where
     the model must stay ComfyUI's (dynamic VRAM with no plain copy: said once, with the flag)."""
@@ -386,9 +296,8 @@ def ferry_clone(model: Any, config: FerryConfig) -> Any | None:
     n = src.clone()
     n.__class__ = ferry_patcher_class(type(src))
     n.ferry_config = config
-    n.parent = _anchor(model, src)
+    n.parent = anchor(model, src, ferry_patcher_class(type(src)))
     if guard not in n.get_wrappers(WrappersMP.APPLY_MODEL, RECOVERY_KEY):
         n.add_wrapper_with_key(WrappersMP.APPLY_MODEL, RECOVERY_KEY, guard)
-    if _check_held not in n.get_callbacks(CallbacksMP.ON_PRE_RUN, HOLD_KEY):
-        hold(n)
+    hold(n)
     return n
