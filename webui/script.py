@@ -15,6 +15,7 @@ from typing import Any
 
 from ..offload_core import BlockLevel, ConfigError, FerryError, OffloadPolicy, RamTier
 from ..offload_core.tools.settings_file import load_settings
+from ..seam.choices import level_choices, tier_choices
 from .controls import (
     CONTROLS,
     DEFAULTS,
@@ -121,8 +122,8 @@ def accordion(host: Host, is_img2img: bool) -> list[Any]:
         gr.Markdown(INTRO)
         with gr.Row():
             level = gr.Radio(
-                [("Groups of blocks", "block"), ("Layer by layer (least VRAM, slowest)", "leaf")],
-                value=DEFAULTS["level"], label="How to cut the UNet", elem_id=f"{tab}_ferry_level",
+                level_choices(), value=DEFAULTS["level"], label="How to cut the UNet",
+                elem_id=f"{tab}_ferry_level",
             )  # fmt: skip
             blocks = gr.Slider(
                 1, MAX_BLOCKS_SLIDER, value=DEFAULTS["blocks_per_group"], step=1,
@@ -132,8 +133,8 @@ def accordion(host: Host, is_img2img: bool) -> list[Any]:
             )  # fmt: skip
         with gr.Row():
             tier = gr.Radio(
-                [("Pinned RAM (fastest)", "pinned"), ("RAM", "ram"), ("Disk (SSD/NVMe)", "disk")],
-                value=DEFAULTS["tier"], label="Where the rest waits", elem_id=f"{tab}_ferry_tier",
+                tier_choices(), value=DEFAULTS["tier"], label="Where the rest waits",
+                elem_id=f"{tab}_ferry_tier",
             )  # fmt: skip
             disk_path = gr.Textbox(
                 value=DEFAULTS["disk_path"], label="Disk folder", placeholder=host.default_disk_path,

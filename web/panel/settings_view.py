@@ -12,6 +12,7 @@ from ...offload_core.errors import ConfigError, FerryError
 from ...offload_core.policy import DiskTier
 from ...offload_core.tools.settings_file import known_quant_presets
 from ...offload_core.units import GIB, fmt_bytes
+from ...seam.choices import level_choices, tier_choices
 from .compat import private_api, public_api
 from .context import PanelContext
 from .disk_check import check_disk_path, markdown
@@ -130,7 +131,7 @@ def load_form(ctx: PanelContext) -> list[Any]:
 def _model_widgets(ctx: PanelContext) -> list[Any]:
     """How the model is cut and where it waits (left column): level, blocks, tier, folder."""
     level = gr.Radio(
-        [("Groups of blocks (recommended)", "block"), ("Layer by layer (least VRAM, slowest)", "leaf")],
+        level_choices(block="Groups of blocks (recommended)"),
         value="block", label="How to cut the model", elem_id="ferry-level",
         info="A block is one of the model's repeated stages (a transformer block).",
     )  # fmt: skip
@@ -140,8 +141,8 @@ def _model_widgets(ctx: PanelContext) -> list[Any]:
         elem_id="ferry-blocks",
     )  # fmt: skip
     tier = gr.Radio(
-        [("Pinned RAM (fastest)", "pinned"), ("RAM", "ram"), ("Disk (SSD/NVMe)", "disk")],
-        value="pinned", label="Where the rest of the model waits", elem_id="ferry-tier",
+        tier_choices(), value="pinned", label="Where the rest of the model waits",
+        elem_id="ferry-tier",
         info="Disk needs almost no RAM, and a fast SSD keeps it quick.",
     )  # fmt: skip
     disk_path = gr.Textbox(
