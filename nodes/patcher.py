@@ -14,7 +14,8 @@ overrides the loading verbs, no global monkeypatching. What ComfyUI sees:
 - ``clone()`` keeps the class and the config, so every node after Ferry keeps the offload, also
   where a pack's clone sets its own class back (ComfyUI-GGUF's does: seam/patcher_class.py). A
   clone that loses Ferry anyway (a node that builds its patcher some other way) is said once
-  in the log, naming the node, when it samples (``[Note: a hold that says when it is lost]``).
+  in the log, naming the node, when it samples (hold.py: ``[Note: a hold that says when
+  it is lost]``).
 - Under dynamic VRAM (ComfyUI >= 0.15 on NVIDIA) Ferry drives the model's non-dynamic delegate
   (dynamic.py); vram_budget "auto" counts free what ComfyUI counts free, and Ferry's pinned
   slabs count in ComfyUI's pinned-memory budget (comfy_core.py).
@@ -149,7 +150,7 @@ class FerryPatcherMixin(HeldByFerry):
         return n
 
     def is_clone(self, other: Any) -> bool:
-        # load_models_gpu asks the patcher it is about to load; see binding.py's Note.
+        # load_models_gpu asks the patcher it is about to load; see seam/layout.py's Note.
         if hasattr(self.model, "diffusion_model"):
             self._ferry_binding().mark_loading(self.ferry_config)
         return super().is_clone(other)  # type: ignore[misc]
@@ -213,7 +214,7 @@ class FerryPatcherMixin(HeldByFerry):
                 )
             except ConfigError as e:
                 raise as_node_error(e) from None
-            except ApiUseError as e:  # unreachable by design (binding.py); in ComfyUI's words
+            except ApiUseError as e:  # unreachable by design (seam/layout.py); in ComfyUI's words
                 raise for_node(e) from None
             outside = 0
             for m in self._ferry_outside_modules():
@@ -252,10 +253,10 @@ class FerryPatcherMixin(HeldByFerry):
         return super().unpatch_model(device_to, unpatch_weights)  # type: ignore[misc]
 
     def detach(self, unpatch_all: bool = True) -> Any:
-        # See binding.py: a full unload releases; a detach releases only when no Ferry reload
+        # See seam/layout.py: a full unload releases; a detach releases only when no Ferry reload
         # with the same config follows and this patcher owns the layout (or nobody does). A
         # Ferry patcher being garbage-collected (its cached node output dropped because the
-        # node ran again) leaves that to its Ferry parent: see [Note: the anchor].
+        # node ran again) leaves that to its Ferry parent: see hold.py's [Note: the anchor].
         if not unpatch_all and self._ferry_collected and isinstance(self.parent, HeldByFerry):
             return super().detach(unpatch_all)  # type: ignore[misc]
         release = unpatch_all or self._ferry_release_on_detach()
