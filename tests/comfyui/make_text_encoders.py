@@ -28,9 +28,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 #: The sizes given to core's configs (the rest keep core's values).
-T5XXL = {"d_model": 32, "d_kv": 16, "num_heads": 2, "d_ff": 10240, "num_layers": 24}
+#: T5-XXL: core finds one by its 24th block's gated feed-forward, 10240 wide (v0.8 on) or 4096
+#: deep (before): the first of these that this core detects as T5_XXL is written.
+T5XXL = [
+    {"d_model": 32, "d_kv": 16, "num_heads": 2, "d_ff": 10240, "num_layers": 24},
+    {"d_model": 4096, "d_kv": 16, "num_heads": 2, "d_ff": 32, "num_layers": 24},
+]
 CLIP_L = {
     "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
     "num_hidden_layers": 4, "projection_dim": 32,
@@ -79,6 +85,21 @@ def _spiece_model() -> bytes:
     return out.getvalue()
 
 
+def _detected_as(cls: Any, model_name: str, candidates: list[dict], want: str) -> dict:
+    """The first sizes whose network (built on meta) core's ``detect_te_model`` takes for
+    ``want``: the file is then loaded as the real one would be."""
+    import comfy.sd
+    import torch
+
+    for sizes in candidates:
+        options = {"model_name": model_name, f"{model_name}_model_config": dict(sizes)}
+        te = cls(device="meta", dtype=torch.float16, model_options=options)
+        got = comfy.sd.detect_te_model(te.transformer.state_dict())
+        if got is not None and got.name == want:
+            return sizes
+    raise SystemExit(f"core detects none of {candidates} as {want}")
+
+
 def main(comfy_dir: str, models_dir: str) -> None:
     sys.path.insert(0, comfy_dir)
     import comfy.cli_args
@@ -90,24 +111,17 @@ def main(comfy_dir: str, models_dir: str) -> None:
     import comfy.text_encoders.lumina2
     import comfy.text_encoders.sd3_clip
 
+    t5, clip_l = comfy.text_encoders.sd3_clip.T5XXLModel, comfy.sd1_clip.SDClipModel
+    gemma2 = comfy.text_encoders.lumina2.Gemma2_2BModel
     builders = {
-        "ferry-tiny-t5xxl.safetensors": (
-            "t5xxl",
-            T5XXL,
-            comfy.text_encoders.sd3_clip.T5XXLModel,
-            1,
-        ),
-        "ferry-tiny-clip-l.safetensors": ("clip_l", CLIP_L, comfy.sd1_clip.SDClipModel, 2),
-        "ferry-tiny-gemma2.safetensors": (
-            "gemma2_2b",
-            GEMMA2,
-            comfy.text_encoders.lumina2.Gemma2_2BModel,
-            3,
-        ),
+        "ferry-tiny-t5xxl.safetensors": ("t5xxl", T5XXL, "T5_XXL", t5, 1),
+        "ferry-tiny-clip-l.safetensors": ("clip_l", [CLIP_L], "CLIP_L", clip_l, 2),
+        "ferry-tiny-gemma2.safetensors": ("gemma2_2b", [GEMMA2], "GEMMA_2_2B", gemma2, 3),
     }
     out_dir = os.path.join(models_dir, "text_encoders")
     os.makedirs(out_dir, exist_ok=True)
-    for name, (model_name, sizes, cls, seed) in builders.items():
+    for name, (model_name, candidates, want, cls, seed) in builders.items():
+        sizes = _detected_as(cls, model_name, candidates, want)
         options = {"model_name": model_name, f"{model_name}_model_config": dict(sizes)}
         te = cls(device="cpu", dtype=torch.float32, model_options=options)
         sd = _random(te.transformer.state_dict(), seed)
