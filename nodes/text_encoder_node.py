@@ -99,7 +99,9 @@ class FerryOffloadTextEncoder(io.ComfyNode):
             return io.NodeOutput(clip, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
         check_against_model(patcher, config, use_panel_settings)
         out = clip.clone()
-        out.patcher = patcher
+        # Under dynamic VRAM the patcher is the non-dynamic delegate's, over its own encoder:
+        # the CLIP must encode with that one.
+        out.patcher, out.cond_stage_model = patcher, patcher.model
         return io.NodeOutput(out)
 
 

@@ -21,6 +21,7 @@ the real fault happens, never inside Ferry:
 """
 
 import errno
+import inspect
 import json
 import os
 import threading
@@ -163,9 +164,16 @@ def _tiny_sizes(paths):
     return sizes
 
 
-def _load_clip(ckpt_paths, *args, model_options=None, **kwargs):
-    options = {**(model_options or {}), **_tiny_sizes(ckpt_paths)}
-    return _real_load_clip(ckpt_paths, *args, model_options=options, **kwargs)
+_load_clip_signature = inspect.signature(_real_load_clip)
+
+
+def _load_clip(*args, **kwargs):
+    # Core calls it by keyword (CLIPLoader) and by position (load_clip_model_patcher, which
+    # ModelPatcherDynamic's non-dynamic delegate re-runs).
+    call = _load_clip_signature.bind(*args, **kwargs)
+    given = call.arguments.get("model_options") or {}
+    call.arguments["model_options"] = {**given, **_tiny_sizes(call.arguments["ckpt_paths"])}
+    return _real_load_clip(*call.args, **call.kwargs)
 
 
 comfy.sd.load_clip = _load_clip

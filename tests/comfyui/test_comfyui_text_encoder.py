@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Server, comfy_checkout, make_base, start_server, stop_server
+from conftest import HAS_AIMDO, Server, comfy_checkout, make_base, start_server, stop_server
 from ferry_workflows import Client, error_message
 from safetensors.torch import load_file
 
@@ -188,3 +188,35 @@ def test_unloading_models_releases_the_text_encoder(client: Client, server: Serv
             break
         time.sleep(0.1)
     assert live(client) == []
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A second server with ferry_standin_nodes.py's CPU stand-in for dynamic VRAM (v0.15+):
+    core then makes every CLIP's patcher a dynamic one."""
+    if not HAS_AIMDO:
+        pytest.skip("this core has no dynamic VRAM (v0.15+)")
+    comfy, py = comfy_checkout()
+    base = tmp_path_factory.mktemp("comfy-te-standin")
+    make_base(base, py, comfy, "make_text_encoders.py")
+    srv = start_server(comfy, py, base, standin="aimdo")
+    try:
+        yield srv
+    finally:
+        stop_server(srv)
+
+
+def test_under_dynamic_vram_the_delegate_encodes_through_ferry(
+    standin: Server, plain: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    # Ferry drives the dynamic CLIP's non-dynamic delegate (nodes/dynamic.py), and the CLIP it
+    # hands on encodes with the delegate's encoder: laid out, streamed, the same conditioning
+    # as the plain server's.
+    c = Client(standin.url)
+    want = encode(c, standin, te_graph("flux", "dyn-plain"))
+    assert_equal(want, plain["flux"])  # the stand-in's plain path is core's plain path
+    got = encode(c, standin, te_graph("flux", "dyn-ferry", ferry_te(tier="disk")))
+    assert laid_out(standin) == 1
+    assert_equal(got, plain["flux"])
+    (o,) = live(c)
+    assert o["group_loads"] >= o["groups"] == 28 and o["bytes_moved"] > 0, o
