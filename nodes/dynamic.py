@@ -75,7 +75,7 @@ def plain_patcher(model: Any) -> tuple[Any | None, str | None]:
         return None, f" ({e})"
     if is_dynamic(src):
         return None, ""
-    restore_model_dtypes(src.model.diffusion_model)
+    restore_model_dtypes(getattr(src.model, "diffusion_model", src.model))  # a CLIP's: itself
     return src, None
 
 

@@ -7,6 +7,7 @@ from comfy_api.latest import ComfyExtension, io
 from .loader_node import FerryLoadDiffusionModelQuantized
 from .offload_node import FerryOffloadModel
 from .report_node import FerryMemoryReport
+from .text_encoder_node import FerryOffloadTextEncoder
 
 
 def _register_routes() -> None:
@@ -25,4 +26,9 @@ class FerryExtension(ComfyExtension):
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         _register_routes()
-        return [FerryOffloadModel, FerryLoadDiffusionModelQuantized, FerryMemoryReport]
+        return [
+            FerryOffloadModel,
+            FerryOffloadTextEncoder,
+            FerryLoadDiffusionModelQuantized,
+            FerryMemoryReport,
+        ]

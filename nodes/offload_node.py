@@ -150,11 +150,11 @@ class FerryOffloadModel(io.ComfyNode):
         out = ferry_clone(model, config)
         if out is None:  # left to ComfyUI's dynamic VRAM; the log says why, once, with the flag
             return io.NodeOutput(model, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
-        _check_against_model(out, config, use_panel_settings)
+        check_against_model(out, config, use_panel_settings)
         return io.NodeOutput(out)
 
 
-def _check_against_model(out: Any, config: FerryConfig, use_panel_settings: bool) -> None:
+def check_against_model(out: Any, config: FerryConfig, use_panel_settings: bool) -> None:
     """Validates the policy against this model before any weight moves: grouping, block
     count, budget, and room in the disk folder for the groups that will be written."""
     try:

@@ -55,14 +55,18 @@ class FerryPatcherMixin(HeldByFerry):
     _ferry_collected = False
 
     # -- helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _ferry_network_of(model: Any) -> Any:  # what Ferry lays out; a CLIP: text_encoder_patcher
+        return getattr(model, "diffusion_model", None)
+
     def _ferry_binding(self) -> OffloadBinding:
-        b = OffloadBinding.of(self.model, self.model.diffusion_model)
+        b = OffloadBinding.of(self.model, self._ferry_network_of(self.model))
         b.free_vram = comfy_core.free_vram(self)
         b.count_pinned = comfy_core.count_pinned
         return b
 
     def _ferry_release(self) -> bool:
-        if not hasattr(self.model, "diffusion_model"):
+        if self._ferry_network_of(self.model) is None:
             return False
         try:
             return self._ferry_binding().release()
@@ -72,17 +76,17 @@ class FerryPatcherMixin(HeldByFerry):
             return True  # logged once, reload requested; ComfyUI's worker must not die
 
     def _ferry_laid_out(self) -> bool:
-        return hasattr(self.model, "diffusion_model") and self._ferry_binding().live
+        return self._ferry_network_of(self.model) is not None and self._ferry_binding().live
 
     def _ferry_release_on_detach(self) -> bool:
-        return hasattr(
-            self.model, "diffusion_model"
-        ) and self._ferry_binding().should_release_on_detach(self)
+        return self._ferry_network_of(
+            self.model
+        ) is not None and self._ferry_binding().should_release_on_detach(self)
 
     def _ferry_outside_modules(self) -> list[torch.nn.Module]:
         # BaseModel's parts other than the network (model_sampling's sigmas, ...): tiny, and
         # ComfyUI expects them on the load device.
-        dm = self.model.diffusion_model
+        dm = self._ferry_network_of(self.model)
         return [m for m in self.model.children() if m is not dm]
 
     def _ferry_refuse_compile(self) -> None:
@@ -106,7 +110,7 @@ class FerryPatcherMixin(HeldByFerry):
         weights = stream_weights(self, device_to)
         if weights is not None:
             return weights  # the Ferry loader's model: groups come straight from its file
-        self.model.diffusion_model.to(self.offload_device)
+        self._ferry_network_of(self.model).to(self.offload_device)
         self._ferry_patch_weights(device_to)
         return None
 
@@ -151,7 +155,7 @@ class FerryPatcherMixin(HeldByFerry):
 
     def is_clone(self, other: Any) -> bool:
         # load_models_gpu asks the patcher it is about to load; see seam/layout.py's Note.
-        if hasattr(self.model, "diffusion_model"):
+        if self._ferry_network_of(self.model) is not None:
             self._ferry_binding().mark_loading(self.ferry_config)
         return super().is_clone(other)  # type: ignore[misc]
 
@@ -285,19 +289,21 @@ def ferry_patcher_class(base: type) -> type:
     return with_ferry(FerryPatcherMixin, base)
 
 
-def ferry_clone(model: Any, config: FerryConfig) -> Any | None:
-    """A clone of the MODEL ``model`` whose loads go through Ferry with ``config``; None where
-    the model must stay ComfyUI's (dynamic VRAM with no plain copy: said once, with the flag)."""
-    if not hasattr(getattr(model, "model", None), "diffusion_model"):
+def ferry_clone(
+    model: Any, config: FerryConfig, mixin: type[FerryPatcherMixin] = FerryPatcherMixin
+) -> Any | None:
+    """A clone of the MODEL ``model`` (or CLIP patcher, with ``mixin``) whose loads go through
+    Ferry; None where it must stay ComfyUI's (dynamic VRAM, no plain copy: said once, flagged)."""
+    if mixin._ferry_network_of(getattr(model, "model", None)) is None:
         raise NodeInputError("model", "is not a diffusion model (it has no diffusion_model)")
     src, why = plain_patcher(model)  # ComfyUI >= 0.15 with dynamic VRAM: see dynamic.py
     if src is None:
         say_once("dynamic-vram", DYNAMIC_VRAM_HELP.format(why=why or ""))
         return None
     n = src.clone()
-    n.__class__ = ferry_patcher_class(type(src))
+    n.__class__ = with_ferry(mixin, type(src))
     n.ferry_config = config
-    n.parent = anchor(model, src, ferry_patcher_class(type(src)))
+    n.parent = anchor(model, src, with_ferry(mixin, type(src)))
     if guard not in n.get_wrappers(WrappersMP.APPLY_MODEL, RECOVERY_KEY):
         n.add_wrapper_with_key(WrappersMP.APPLY_MODEL, RECOVERY_KEY, guard)
     hold(n)

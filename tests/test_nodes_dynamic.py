@@ -146,6 +146,18 @@ def test_one_delegate_per_dynamic_model() -> None:
     assert firsts[0].model is not loaded.model
 
 
+def test_a_dynamic_clips_delegate_is_its_own_network_with_its_dtypes_back() -> None:
+    # A CLIP's patcher holds the text encoder itself (no diffusion_model): under dynamic VRAM
+    # its delegate's encoder gets back the dtypes it was built for, as a MODEL's network does.
+    encoder = Net(LazyLinear, dtype=torch.float16)
+    encoder.a.weight = nn.Parameter(torch.randn(16, 8), requires_grad=False)  # the file's fp32
+    clip_patcher = Patcher(BaseModel(), dynamic=True)
+    clip_patcher.non_dynamic_delegate_model = (encoder, ())  # type: ignore[assignment]
+    src, why = dynamic.plain_patcher(clip_patcher)
+    assert why is None and src is not None and src.model is encoder and not src.is_dynamic()
+    assert encoder.a.weight.dtype == torch.float16
+
+
 def test_no_delegate_says_what_to_switch_once(caplog: pytest.LogCaptureFixture) -> None:
     src, why = dynamic.plain_patcher(Patcher(BaseModel(), dynamic=True, loader_ok=False))
     assert src is None and "cached_patcher_init" in str(why)

@@ -24,6 +24,8 @@ COMFY_MODULES = (
     "routes",
     "quant_loader",
     "comfy_core",
+    "text_encoder_node",
+    "text_encoder_patcher",
 )
 
 

@@ -21,10 +21,12 @@ the real fault happens, never inside Ferry:
 """
 
 import errno
+import inspect
 import json
 import os
 import threading
 
+import comfy.sd
 import torch
 from aiohttp import web
 from comfy.ldm.modules.diffusionmodules import mmdit
@@ -101,11 +103,80 @@ class FerryTestPlainClone:
         return (n,)
 
 
+class FerryTestSaveConditioning:
+    """Saves a CONDITIONING's tensors (each entry's context and every tensor in its dict) to
+    output/<filename_prefix>.safetensors, so a test compares them bit for bit."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "conditioning": ("CONDITIONING",),
+                "filename_prefix": ("STRING", {"default": "ferry-cond"}),
+            }
+        }
+
+    RETURN_TYPES = ()
+    FUNCTION = "save"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def save(self, conditioning, filename_prefix):
+        import folder_paths
+        from safetensors.torch import save_file
+
+        out = {}
+        for i, (context, extra) in enumerate(conditioning):
+            out[f"{i}.context"] = context.contiguous()
+            for k, v in extra.items():
+                if isinstance(v, torch.Tensor):
+                    out[f"{i}.{k}"] = v.contiguous()
+        name = f"{filename_prefix}.safetensors"
+        os.makedirs(folder_paths.get_output_directory(), exist_ok=True)
+        save_file(out, os.path.join(folder_paths.get_output_directory(), name))
+        return {"ui": {"conditioning": [{"filename": name}]}}
+
+
 NODE_CLASS_MAPPINGS = {
     "FerryTestConditioning": FerryTestConditioning,
     "FerryTestLatent": FerryTestLatent,
     "FerryTestPlainClone": FerryTestPlainClone,
+    "FerryTestSaveConditioning": FerryTestSaveConditioning,
 }
+
+
+# -- tiny text encoders (make_text_encoders.py) ------------------------------------------------
+# Core builds a text encoder from a fixed config and sizes it only through its own hook,
+# model_options["<model_name>_model_config"], which CLIPLoader has no input for: a file written
+# by make_text_encoders.py names its sizes in its metadata, handed to core's load_clip here.
+# Files without that metadata load exactly as core loads them.
+_real_load_clip = comfy.sd.load_clip
+
+
+def _tiny_sizes(paths):
+    from safetensors import safe_open
+
+    sizes = {}
+    for p in paths:
+        if str(p).endswith(".safetensors"):
+            with safe_open(str(p), framework="pt") as f:
+                sizes.update(json.loads((f.metadata() or {}).get("ferry_test_model_config", "{}")))
+    return sizes
+
+
+_load_clip_signature = inspect.signature(_real_load_clip)
+
+
+def _load_clip(*args, **kwargs):
+    # Core calls it by keyword (CLIPLoader) and by position (load_clip_model_patcher, which
+    # ModelPatcherDynamic's non-dynamic delegate re-runs).
+    call = _load_clip_signature.bind(*args, **kwargs)
+    given = call.arguments.get("model_options") or {}
+    call.arguments["model_options"] = {**given, **_tiny_sizes(call.arguments["ckpt_paths"])}
+    return _real_load_clip(*call.args, **call.kwargs)
+
+
+comfy.sd.load_clip = _load_clip
 
 # -- fault injection -------------------------------------------------------------------------
 _lock = threading.Lock()

@@ -13,7 +13,12 @@ import torch
 from ferry_workflows import MODEL_FILE, Client, error_message, ferry, graph, lora, saved_latent_name
 from safetensors.torch import load_file
 
-NODES = ("FerryOffloadModel", "FerryLoadDiffusionModelQuantized", "FerryMemoryReport")
+NODES = (
+    "FerryOffloadModel",
+    "FerryOffloadTextEncoder",
+    "FerryLoadDiffusionModelQuantized",
+    "FerryMemoryReport",
+)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,110 @@
+"""Node "Ferry Offload Text Encoder": CLIP -> CLIP whose text encoder streams through Ferry.
+
+The same settings, checks and ModelPatcher binding as Ferry Offload Model (offload_node.py,
+patcher.py), applied to the CLIP's own patcher (``clip.patcher``, whose model is the text
+encoder: text_encoder_patcher.py). The layout happens when CLIPTextEncode loads the encoder;
+the conditioning is the same as without Ferry, to the bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from comfy_api.latest import io, ui
+
+from ..offload_core.policy import DEFAULT_HEADROOM_GB
+from ..offload_core.tools.settings_file import load_settings
+from .config import FerryConfig, policy_from_inputs, policy_from_panel
+from .dynamic import DYNAMIC_VRAM_HELP
+from .offload_inputs import advanced_inputs, how_inputs, memory_inputs
+from .offload_node import FerryOffloadModel, check_against_model, default_disk_path
+from .patcher import ferry_clone
+from .text_encoder_patcher import TextEncoderPatcherMixin
+
+NODE_ID = "FerryOffloadTextEncoder"  # stable forever: saved workflows refer to it
+
+
+class FerryOffloadTextEncoder(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id=NODE_ID,
+            display_name="Ferry Offload Text Encoder",
+            category="Ferry",
+            description=(
+                "Streams the text encoder's layers group by group while it encodes, from pinned "
+                "RAM, RAM or disk, as Ferry Offload Model does for the diffusion model. Put it "
+                "right after the CLIP loader; every encoder of a dual/triple CLIP is offloaded."
+            ),
+            inputs=[
+                io.Clip.Input("clip", tooltip="The text encoder (CLIP) to offload."),
+                io.Boolean.Input(
+                    "use_panel_settings",
+                    default=False,
+                    tooltip="On: use the settings saved in the Ferry panel (the sidebar's "
+                    "'Open panel' button) and ignore the widgets below.",
+                ),
+                *how_inputs(),
+                *memory_inputs(),
+                *advanced_inputs(),
+            ],
+            outputs=[io.Clip.Output(tooltip="The same text encoder; it loads through Ferry.")],
+        )
+
+    @classmethod
+    def fingerprint_inputs(cls, use_panel_settings: bool, **kwargs: object) -> object:
+        return FerryOffloadModel.fingerprint_inputs(use_panel_settings)
+
+    @classmethod
+    def validate_inputs(
+        cls, use_panel_settings: bool, tier: str, vram_budget: str, disk_path: str
+    ) -> bool | str:
+        return FerryOffloadModel.validate_inputs(use_panel_settings, tier, vram_budget, disk_path)
+
+    @classmethod
+    def execute(
+        cls,
+        clip: Any,
+        use_panel_settings: bool,
+        level: str,
+        blocks_per_group: int,
+        tier: str,
+        disk_path: str,
+        prefetch_depth: int,
+        vram_budget: str,
+        headroom_gb: float = DEFAULT_HEADROOM_GB,
+        direct_io: bool = True,
+        verify: str = "first_read",
+        cpu_read: str = "auto",
+    ) -> io.NodeOutput:
+        if use_panel_settings:
+            policy = policy_from_panel(load_settings)
+        else:
+            policy = policy_from_inputs(
+                level=level,
+                blocks_per_group=blocks_per_group,
+                tier=tier,
+                disk_path=disk_path,
+                prefetch_depth=prefetch_depth,
+                vram_budget=vram_budget,
+                default_disk_path=default_disk_path(),
+                headroom_gb=headroom_gb,
+                direct_io=direct_io,
+                verify=verify,
+                cpu_read=cpu_read,
+            )
+        config = FerryConfig(policy, name=text_encoder_name(clip))
+        patcher = ferry_clone(clip.patcher, config, TextEncoderPatcherMixin)
+        if patcher is None:  # left to ComfyUI's dynamic VRAM; the log says why, with the flag
+            return io.NodeOutput(clip, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
+        check_against_model(patcher, config, use_panel_settings)
+        out = clip.clone()
+        # Under dynamic VRAM the patcher is the non-dynamic delegate's, over its own encoder:
+        # the CLIP must encode with that one.
+        out.patcher, out.cond_stage_model = patcher, patcher.model
+        return io.NodeOutput(out)
+
+
+def text_encoder_name(clip: Any) -> str:
+    """The name of the encoder's line in the sidebar, the panel and the log."""
+    return f"text encoder {type(clip.cond_stage_model).__name__}"

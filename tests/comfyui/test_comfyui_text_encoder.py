@@ -1,0 +1,222 @@
+"""Text encoders through Ferry (issue 29), in real ComfyUI: the conditioning of
+
+    CLIPLoader / DualCLIPLoader -> CLIPTextEncode                              (plain)
+    CLIPLoader / DualCLIPLoader -> Ferry Offload Text Encoder -> CLIPTextEncode
+
+is ``torch.equal``, every tier (pinned, ram, disk) and both levels, for a T5-XXL-shaped encoder
+(CLIPLoader type sd3), a Gemma-2-shaped LLM encoder (CLIPLoader type lumina2) and Flux's
+CLIP-L + T5 pair (DualCLIPLoader type flux): every encoder's repeated layers are groups; the layout is kept while the
+prompt changes and released when ComfyUI unloads the models.
+
+The encoders are tiny random ones built by core's own classes and detected by core's loaders
+(make_text_encoders.py says how). One core, about 3 minutes on 2 CPU cores:
+
+    FERRY_COMFYUI=/work/comfy/v0.33.0 python -m pytest tests/comfyui/test_comfyui_text_encoder.py
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from conftest import HAS_AIMDO, Server, comfy_checkout, make_base, start_server, stop_server
+from ferry_workflows import Client, error_message
+from safetensors.torch import load_file
+
+T5 = "ferry-tiny-t5xxl.safetensors"
+CLIP_L = "ferry-tiny-clip-l.safetensors"
+GEMMA2 = "ferry-tiny-gemma2.safetensors"
+
+#: case -> (loader node, its inputs, the groups every encoder brings at block level: list name
+#: -> its layer count, as core's classes build them with make_text_encoders.py's sizes)
+CASES: dict[str, tuple[str, dict[str, Any], dict[str, int]]] = {
+    "t5": (
+        "CLIPLoader",
+        {"clip_name": T5, "type": "sd3"},
+        {"t5xxl.transformer.encoder.block": 24},
+    ),
+    "flux": (
+        "DualCLIPLoader",
+        {"clip_name1": CLIP_L, "clip_name2": T5, "type": "flux"},
+        {"clip_l.transformer.text_model.encoder.layers": 4, "t5xxl.transformer.encoder.block": 24},
+    ),
+    "lumina2": (
+        "CLIPLoader",
+        {"clip_name": GEMMA2, "type": "lumina2"},
+        {"gemma2_2b.transformer.model.layers": 4},
+    ),
+}
+TEXT = "a ferry crossing a wide river at dawn, oil painting"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    comfy, py = comfy_checkout()
+    base = tmp_path_factory.mktemp("comfy-te")
+    make_base(base, py, comfy, "make_text_encoders.py")
+    srv = start_server(comfy, py, base)
+    try:
+        yield srv
+    finally:
+        stop_server(srv)
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Client:
+    return Client(server.url)
+
+
+def ferry_te(**over: Any) -> dict[str, Any]:
+    inputs = {
+        "use_panel_settings": False, "level": "block", "blocks_per_group": 1, "tier": "ram",
+        "disk_path": "", "prefetch_depth": 1, "vram_budget": "",
+    }  # fmt: skip
+    return {**inputs, **over}
+
+
+def te_graph(
+    case: str, prefix: str, ferry: dict[str, Any] | None = None, text: str = TEXT
+) -> dict[str, Any]:
+    loader, inputs, _ = CASES[case]
+    g: dict[str, Any] = {"1": {"class_type": loader, "inputs": inputs}}
+    clip = ["1", 0]
+    if ferry is not None:
+        g["10"] = {"class_type": "FerryOffloadTextEncoder", "inputs": {"clip": clip, **ferry}}
+        clip = ["10", 0]
+    g["2"] = {"class_type": "CLIPTextEncode", "inputs": {"text": text, "clip": clip}}
+    g["3"] = {
+        "class_type": "FerryTestSaveConditioning",
+        "inputs": {"conditioning": ["2", 0], "filename_prefix": prefix},
+    }
+    return g
+
+
+def encode(client: Client, srv: Server, g: dict[str, Any]) -> dict[str, torch.Tensor]:
+    entry = client.run(g, timeout=600)
+    assert entry["status"]["status_str"] == "success", f"{error_message(entry)}\n{srv.log_tail()}"
+    prefix = g["3"]["inputs"]["filename_prefix"]
+    return load_file(str(srv.base / "output" / f"{prefix}.safetensors"))
+
+
+def laid_out(srv: Server) -> int:
+    return srv.log.read_text(errors="replace").count("ferry: laid out")
+
+
+def live(client: Client) -> list[dict[str, Any]]:
+    return client.get("/ferry/stats")["offloads"]
+
+
+def assert_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].shape == want[k].shape, k
+        diff = (got[k].float() - want[k].float()).abs().max().item()
+        assert torch.equal(got[k], want[k]), f"{k}: max abs diff {diff:.3g}"
+
+
+@pytest.fixture(scope="module")
+def plain(client: Client, server: Server) -> dict[str, dict[str, torch.Tensor]]:
+    out = {case: encode(client, server, te_graph(case, f"{case}-plain")) for case in CASES}
+    for case, cond in out.items():
+        ctx = cond["0.context"]
+        assert torch.isfinite(ctx).all() and ctx.abs().sum() > 0, f"{case}: plain says nothing"
+    return out
+
+
+def test_the_node_is_listed_with_the_model_nodes_widgets(client: Client) -> None:
+    info = client.get("/object_info")
+    te, model = info["FerryOffloadTextEncoder"]["input"], info["FerryOffloadModel"]["input"]
+    assert info["FerryOffloadTextEncoder"]["output"] == ["CLIP"]
+    assert list(te["required"]) == ["clip", *list(model["required"])[1:]]
+    assert list(te["optional"]) == list(model["optional"])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("tier", ["pinned", "ram", "disk"])
+@pytest.mark.parametrize("level", ["block", "leaf"])
+def test_same_conditioning_with_ferry(
+    client: Client,
+    server: Server,
+    plain: dict[str, dict[str, torch.Tensor]],
+    case: str,
+    tier: str,
+    level: str,
+) -> None:
+    before = laid_out(server)
+    got = encode(
+        client, server, te_graph(case, f"{case}-{tier}-{level}", ferry_te(tier=tier, level=level))
+    )
+    assert laid_out(server) > before, "Ferry Offload Text Encoder did not lay the encoder out"
+    assert_equal(got, plain[case])
+    (o,) = live(client)  # the encoder stays loaded, offloaded, after the prompt
+    assert o["name"].startswith("text encoder ") and o["tier"] == tier and o["level"] == level
+    assert o["group_loads"] > 0 and o["bytes_moved"] > 0, o
+    if level == "block":
+        # every encoder of the CLIP is laid out, one group per repeated layer of each, and
+        # each group was brought in for the encode (at leaf level some layers never run:
+        # Flux's CLIP-L projection). Core calls each encoder's forward, never the CLIP's own,
+        # so the engine counts no whole "forward" here (o["forwards"] stays 0).
+        assert o["groups"] == sum(CASES[case][2].values()), o
+        assert o["group_loads"] >= o["groups"], o
+
+
+def test_layout_kept_across_prompts_that_change_the_text(
+    client: Client, server: Server, plain: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    ferry = ferry_te(tier="disk", blocks_per_group=2, prefetch_depth=2)
+    encode(client, server, te_graph("flux", "kept-1", ferry))
+    laid = laid_out(server)
+    other = "a lighthouse in fog"
+    got = encode(client, server, te_graph("flux", "kept-2", ferry, text=other))
+    assert laid_out(server) == laid, "a new prompt laid the encoder out again"
+    want = encode(client, server, te_graph("flux", "kept-plain", text=other))
+    assert not torch.equal(want["0.context"], plain["flux"]["0.context"])  # the text mattered
+    assert_equal(got, want)
+    assert live(client) == []  # the plain CLIP loading released Ferry's layout
+
+
+def test_unloading_models_releases_the_text_encoder(client: Client, server: Server) -> None:
+    encode(client, server, te_graph("lumina2", "to-free", ferry_te(tier="pinned")))
+    assert len(live(client)) == 1
+    status, _ = client.post("/free", {"unload_models": True})
+    assert status == 200
+    for _ in range(50):  # /free is handled by the prompt worker, not the request
+        if not live(client):
+            break
+        time.sleep(0.1)
+    assert live(client) == []
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A second server with ferry_standin_nodes.py's CPU stand-in for dynamic VRAM (v0.15+):
+    core then makes every CLIP's patcher a dynamic one."""
+    if not HAS_AIMDO:
+        pytest.skip("this core has no dynamic VRAM (v0.15+)")
+    comfy, py = comfy_checkout()
+    base = tmp_path_factory.mktemp("comfy-te-standin")
+    make_base(base, py, comfy, "make_text_encoders.py")
+    srv = start_server(comfy, py, base, standin="aimdo")
+    try:
+        yield srv
+    finally:
+        stop_server(srv)
+
+
+def test_under_dynamic_vram_the_delegate_encodes_through_ferry(
+    standin: Server, plain: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    # Ferry drives the dynamic CLIP's non-dynamic delegate (nodes/dynamic.py), and the CLIP it
+    # hands on encodes with the delegate's encoder: laid out, streamed, the same conditioning
+    # as the plain server's.
+    c = Client(standin.url)
+    want = encode(c, standin, te_graph("flux", "dyn-plain"))
+    assert_equal(want, plain["flux"])  # the stand-in's plain path is core's plain path
+    got = encode(c, standin, te_graph("flux", "dyn-ferry", ferry_te(tier="disk")))
+    assert laid_out(standin) == 1
+    assert_equal(got, plain["flux"])
+    (o,) = live(c)
+    assert o["group_loads"] >= o["groups"] == 28 and o["bytes_moved"] > 0, o
