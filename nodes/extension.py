@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
+from .compile import FerryCompileBlocks
 from .loader_node import FerryLoadDiffusionModelQuantized
 from .offload_node import FerryOffloadModel
 from .report_node import FerryMemoryReport
@@ -25,4 +26,9 @@ class FerryExtension(ComfyExtension):
 
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         _register_routes()
-        return [FerryOffloadModel, FerryLoadDiffusionModelQuantized, FerryMemoryReport]
+        return [
+            FerryOffloadModel,
+            FerryLoadDiffusionModelQuantized,
+            FerryMemoryReport,
+            FerryCompileBlocks,
+        ]
