@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from offload_core import (
     CompileSettings,
     DiskTier,
     OffloadPolicy,
+    PinnedRamTier,
     RamTier,
     apply_offload,
 )
@@ -46,6 +46,8 @@ def _forward(model: nn.Module, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor
     t = time.perf_counter()
     with torch.no_grad():
         out = model(**x)
+    if out.is_cuda:
+        torch.cuda.synchronize()
     return out, time.perf_counter() - t
 
 
@@ -58,19 +60,23 @@ def _first_compiled_step(model: nn.Module, x: dict[str, torch.Tensor]) -> float:
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     base = build_demo_model(args.size_gb, dtype, seed=7)
-    x = demo_inputs(base, tokens=args.tokens, seed=3)
+    device = torch.device(args.device)
+    x = demo_inputs(base, tokens=args.tokens, seed=3, device=device)
     models = {m: copy.deepcopy(base) for m in MODES}
+    for m in ("eager resident", "compiled resident"):
+        models[m].to(device)
     settings = CompileSettings(backend="inductor")
     for m in ("compiled resident", "compiled Ferry"):
         CompiledBlocks(models[m], settings).apply()
-    tier = RamTier() if args.tier == "ram" else DiskTier(str(workdir), cpu_read=args.cpu_read)
+    tiers = {"pinned": PinnedRamTier(), "ram": RamTier()}
+    tier = tiers.get(args.tier) or DiskTier(str(workdir), cpu_read=args.cpu_read)
     policy = OffloadPolicy(level=BlockLevel(args.blocks_per_group), tier=tier)
-    handles = [apply_offload(models[m], policy, onload_device="cpu") for m in MODES if "Ferry" in m]
+    handles = [
+        apply_offload(models[m], policy, onload_device=device) for m in MODES if "Ferry" in m
+    ]
     if not args.warm_cache:
         torch._inductor.config.force_disable_caches = True
-    first = {
-        m: _first_compiled_step(models[m], x) for m in ("compiled resident", "compiled Ferry")
-    }
+    first = {m: _first_compiled_step(models[m], x) for m in ("compiled resident", "compiled Ferry")}
     torch._inductor.config.force_disable_caches = False
     times: dict[str, list[float]] = {m: [] for m in MODES}
     equal = {"eager Ferry": True, "compiled Ferry": True}
@@ -90,10 +96,10 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any], args: argparse.Namespace) -> str:
-    med = {m: statistics.median(v) for m, v in result["times"].items()}
+    med = {m: report.median_range(v)[0] for m, v in result["times"].items()}
     rows = []
     for m in MODES:
-        lo, mid, hi = report.median_range(result["times"][m])
+        mid, lo, hi = report.median_range(result["times"][m])
         eager = "eager resident" if "resident" in m else "eager Ferry"
         rows.append([
             m,
@@ -122,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--tokens", type=int, default=256, help="image tokens per forward")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--tier", choices=["ram", "disk"], default="ram")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU suite's row)")
+    p.add_argument("--tier", choices=["pinned", "ram", "disk"], default="ram")
     p.add_argument("--cpu-read", choices=["copy", "mapped"], default="copy",
                    help="the disk tier's CPU read (copy: into slots, as a GPU does)")  # fmt: skip
     p.add_argument("--blocks-per-group", type=int, default=1)
@@ -135,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report.machine_line(m, threads=True))
     print(
-        f"demo DiT {args.size_gb} GB {args.dtype}, {args.tokens} tokens, {result['groups']} "
+        f"demo DiT {args.size_gb} GB {args.dtype} on {args.device}, {args.tokens} tokens, {result['groups']} "
         f"groups, Ferry block level x{args.blocks_per_group}, tier {args.tier}"
         f"{' (' + args.cpu_read + ')' if args.tier == 'disk' else ''}, {args.rounds} rounds, "
         f"inductor caches {'warm' if args.warm_cache else 'off'} for the first step"
