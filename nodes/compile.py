@@ -31,8 +31,8 @@ from comfy.patcher_extension import WrappersMP
 from comfy_api.latest import io
 
 from ..offload_core import ConfigError, find_offload
-from ..offload_core.model.regional_compile import CompiledBlocks, CompileSettings
-from .config import FerryConfig, as_node_error
+from ..offload_core.model.regional_compile import CompiledBlocks, CompileSettings, repeated_blocks
+from .config import FerryConfig, NodeInputError, as_node_error
 
 log = logging.getLogger("ferry")
 
@@ -152,6 +152,12 @@ class FerryCompileBlocks(io.ComfyNode):
 
     @classmethod
     def execute(cls, model: Any, backend: str) -> io.NodeOutput:
+        dm = getattr(getattr(model, "model", None), "diffusion_model", None)
+        if dm is None or not repeated_blocks(dm):
+            raise NodeInputError(
+                "model",
+                "has no list of repeated blocks to compile; use TorchCompileModel for it",
+            )
         m = _plain_clone(model)
         kwargs = {"backend": backend, "options": None, "mode": None, "fullgraph": False,
                   "dynamic": None}  # fmt: skip

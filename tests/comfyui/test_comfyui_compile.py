@@ -73,14 +73,37 @@ def diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max())
 
 
+def test_ferry_compile_blocks_speaks_as_torch_compile_model(client: Client) -> None:
+    info = client.get("/object_info")
+    ours, core = info["FerryCompileBlocks"], info["TorchCompileModel"]
+    assert ours["category"] == "Ferry" and ours["description"]
+    assert (
+        list(ours["input"]["required"])
+        == list(core["input"]["required"])
+        == [
+            "model",
+            "backend",
+        ]
+    )
+    options = [spec[1].get("options", spec[0]) for spec in (
+        ours["input"]["required"]["backend"], core["input"]["required"]["backend"])]  # fmt: skip
+    assert options[0] == options[1], options
+    assert all(opts.get("tooltip") for _, opts in ours["input"]["required"].values())
+
+
+ORDERS = {
+    "ferry-first": lambda tier: [ferry(tier=tier), CORE_COMPILE],
+    "compile-first": lambda tier: [CORE_COMPILE, ferry(tier=tier)],
+    "blocks-node-first": lambda tier: [BLOCKS_COMPILE, ferry(tier=tier)],
+}
+
+
 @pytest.mark.parametrize("tier", ["ram", "disk"])
-@pytest.mark.parametrize("order", ["ferry-first", "compile-first"])
+@pytest.mark.parametrize("order", list(ORDERS))
 def test_torch_compile_model_with_ferry_equals_the_compiled_blocks(
     client: Client, server: Any, blocks_reference: dict[int, torch.Tensor], order: str, tier: str
 ) -> None:
-    chain = [ferry(tier=tier), CORE_COMPILE]
-    if order == "compile-first":
-        chain.reverse()
+    chain = ORDERS[order](tier)
     unload_all(client)
     laid = said(server, "ferry: laid out")
     # The reference compiled the blocks resident; streamed, they reuse those graphs.
