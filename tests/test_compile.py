@@ -131,6 +131,25 @@ def test_quantized_blocks_compile_once_and_stream_equal():
     assert all(torch.equal(o, ref) for o in outs)
 
 
+def test_a_whole_model_compiled_before_ferry_runs_without_its_hooks_and_ferry_says_so(caplog):
+    """Why Ferry compiles blocks: dynamo does not guard on module hooks, so a whole model
+    compiled before apply_offload keeps running its cached graph, and Ferry's hooks never run
+    (the README says so; if torch starts guarding hooks this fails and the README changes)."""
+    model = make_model("fp32")
+    x = inputs(model)
+    whole = torch.compile(model)
+    ref = run(whole, x)
+    handle = apply_offload(
+        model, OffloadPolicy(level=BlockLevel(1), tier=RamTier()), onload_device="cpu"
+    )
+    with caplog.at_level("WARNING", logger="ferry"):
+        out = run(whole, x)
+    stats = handle.stats()
+    handle.remove()
+    assert torch.equal(out, ref) and stats.group_loads == 0
+    assert "did not run in the traced forward" in caplog.text
+
+
 def test_streamed_compile_refuses_what_cannot_work():
     INDUCTOR.check_streamed(BlockLevel(2))
     with pytest.raises(ConfigError, match="choose level block") as e:
