@@ -137,9 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-read", choices=["copy", "mapped"], default="copy",
                    help="the disk tier's CPU read (copy: into slots, as a GPU does)")  # fmt: skip
     p.add_argument("--blocks-per-group", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads (0: torch's default); 1 steadies a shared machine")  # fmt: skip
     p.add_argument("--warm-cache", action="store_true",
                    help="keep inductor's on-disk caches for the first step")  # fmt: skip
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="ferry-compile-bench-") as d:
         m = harness.machine(Path(d))
         result = run(args, Path(d))
