@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
+from .compile import FerryCompileBlocks
 from .loader_node import FerryLoadDiffusionModelQuantized
 from .offload_node import FerryOffloadModel
 from .report_node import FerryMemoryReport
@@ -31,4 +32,5 @@ class FerryExtension(ComfyExtension):
             FerryOffloadTextEncoder,
             FerryLoadDiffusionModelQuantized,
             FerryMemoryReport,
+            FerryCompileBlocks,
         ]

@@ -31,11 +31,12 @@ import comfy.utils
 import torch
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ..offload_core import ApiUseError, ConfigError, FerryError
+from ..offload_core import ApiUseError, ConfigError
 from ..offload_core.model.layout import module_nbytes
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
 from ..seam.patcher_class import keep_ferry_class, with_ferry
 from . import comfy_core
+from . import compile as block_compile
 from .binding import OffloadBinding
 from .config import FerryConfig, NodeInputError, as_node_error
 from .dynamic import DYNAMIC_VRAM_HELP, plain_patcher, say_once
@@ -92,8 +93,8 @@ class FerryPatcherMixin(HeldByFerry):
     def _ferry_refuse_compile(self) -> None:
         # Checked on every load, before any weight moves (a laid-out model skips load()).
         refuse_lost(self.model)
-        if self.get_wrappers(WrappersMP.APPLY_MODEL, COMPILE_KEY):
-            raise FerryError(COMPILE_HELP)
+        assert self.ferry_config is not None
+        block_compile.check(self, self.ferry_config)
 
     def _ferry_prepare(self, device_to: torch.device) -> CheckpointWeights | None:
         # Start from the plain host copy: a plain clone may have left the module on the device,
@@ -152,6 +153,11 @@ class FerryPatcherMixin(HeldByFerry):
         if hasattr(self, "size"):
             n.size = self.size
         return n
+
+    def add_wrapper_with_key(self, wrapper_type: str, key: str, wrapper: Any) -> None:
+        # TorchCompileModel after Ferry: its whole-model compile becomes the blocks' (compile.py).
+        wrapper = block_compile.in_place_of(self, wrapper_type, key, wrapper)
+        super().add_wrapper_with_key(wrapper_type, key, wrapper)  # type: ignore[misc]
 
     def is_clone(self, other: Any) -> bool:
         # load_models_gpu asks the patcher it is about to load; see seam/layout.py's Note.
@@ -275,15 +281,6 @@ class FerryPatcherMixin(HeldByFerry):
             super_del()
 
 
-# comfy_api.torch_helpers' wrapper key (a string there too; not imported: older cores lack it).
-COMPILE_KEY = "torch.compile"
-COMPILE_HELP = (
-    "TorchCompileModel cannot compile a model that Ferry Offload Model streams: the compiled "
-    "graph traces into Ferry's weight swaps between blocks and fails. Bypass the "
-    "TorchCompileModel node (or the Ferry node) for this model."
-)
-
-
 def ferry_patcher_class(base: type) -> type:
     """``base`` with Ferry's loading in front; keeps another pack's subclass (e.g. GGUF's)."""
     return with_ferry(FerryPatcherMixin, base)
@@ -306,5 +303,6 @@ def ferry_clone(
     n.parent = anchor(model, src, with_ferry(mixin, type(src)))
     if guard not in n.get_wrappers(WrappersMP.APPLY_MODEL, RECOVERY_KEY):
         n.add_wrapper_with_key(WrappersMP.APPLY_MODEL, RECOVERY_KEY, guard)
+    block_compile.adopt(n)  # TorchCompileModel before Ferry
     hold(n)
     return n

@@ -27,6 +27,7 @@ from .errors import (
 )
 from .loader import load_offloaded
 from .model.plan import OffloadPlan, plan_offload
+from .model.regional_compile import CompiledBlocks, CompileSettings
 from .policy import (
     BlockLevel,
     DiskTier,
@@ -52,6 +53,8 @@ __all__ = [
     "ApiUseError",
     "BlockLevel",
     "CheckpointWeights",
+    "CompileSettings",
+    "CompiledBlocks",
     "ConfigError",
     "CorruptGroupFileError",
     "DeviceMemory",

@@ -13,6 +13,8 @@ import torch
 
 from offload_core import (
     BlockLevel,
+    CompiledBlocks,
+    CompileSettings,
     DiskTier,
     LeafLevel,
     OffloadPolicy,
@@ -62,6 +64,37 @@ def test_cuda_equivalence(tmp_path, level, tier, dtype, quant):
     assert all(torch.equal(o, ref) for o in outs)
     after, ids_after, _ = snapshot(model)
     assert ids_after == ids and state_equal(before, after)
+
+
+@pytest.mark.parametrize("tier", ["pinned", "disk"])
+def test_cuda_compiled_resident_and_compiled_ferry(tmp_path, tier):
+    """The suite's two compile rows: the blocks compiled resident on the GPU (the reference),
+    then the same compiled blocks with Ferry streaming their weights (prefetch 2: copies
+    overlap the compiled compute). Equal bit for bit, and dynamo compiles nothing more once
+    the weights stream ([Note: compiling with Ferry])."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, x, _ = _ref("bf16")
+    model.to("cuda")
+    with CompiledBlocks(model, CompileSettings(backend="inductor")):
+        with torch.no_grad():
+            ref = model(**x).clone()
+        first = counters["stats"]["unique_graphs"]
+        model.to("cpu")
+        tiers = {"pinned": PinnedRamTier(), "disk": DiskTier(str(tmp_path))}
+        policy = OffloadPolicy(level=BlockLevel(1), tier=tiers[tier], prefetch_depth=2)
+        handle = apply_offload(model, policy, onload_device="cuda")
+        with torch.no_grad():
+            outs = [model(**x).clone() for _ in range(3)]
+        torch.cuda.synchronize()
+        stats = handle.stats()
+        handle.remove()
+    torch._dynamo.reset()
+    assert 1 <= first <= 2 and counters["stats"]["unique_graphs"] == first
+    assert stats.group_loads >= 3 * stats.groups
+    assert all(torch.equal(o, ref) for o in outs)
 
 
 @pytest.mark.parametrize("tier", ["pinned", "disk"])

@@ -95,6 +95,10 @@ if [ "$part" = all ] || [ "$part" = bench ]; then
   report="$results/$stamp-bench-$gpu.md"
   run bench "$py" -m bench.compare --out "$report" "$@" || status=1
   [ -n "${OUT:-}" ] && cp "$report" "$OUT/" 2>/dev/null
+  # The compile rows: eager and compiled, resident and Ferry (pinned), and the first step's
+  # compile time (bench/compile_paired.py; every Ferry output torch.equal to its resident one).
+  run compile "$py" -m bench.compile_paired --device cuda --dtype bf16 --size-gb 2 \
+    --tokens 1024 --tier pinned --rounds 5 || status=1
 fi
 if [ "$part" = all ] || [ "$part" = h2h ]; then
   # Flux-dev-shaped (~12 B params, ~24 GB bf16, made on this GPU), 1024x1024, KSampler. One

@@ -137,11 +137,31 @@ class FerryTestSaveConditioning:
         return {"ui": {"conditioning": [{"filename": name}]}}
 
 
+class FerryTestDynamoGraphs:
+    """Passes a LATENT on and prints how many graphs torch.compile (dynamo) has compiled in
+    this process so far, from dynamo's own counter: a test reads recompilations off the log."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",)}}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "count"
+    CATEGORY = "testing"
+
+    def count(self, samples):
+        from torch._dynamo.utils import counters
+
+        print(f"ferry-test: dynamo graphs {counters['stats']['unique_graphs']}", flush=True)
+        return (samples,)
+
+
 NODE_CLASS_MAPPINGS = {
     "FerryTestConditioning": FerryTestConditioning,
     "FerryTestLatent": FerryTestLatent,
     "FerryTestPlainClone": FerryTestPlainClone,
     "FerryTestSaveConditioning": FerryTestSaveConditioning,
+    "FerryTestDynamoGraphs": FerryTestDynamoGraphs,
 }
 
 

@@ -287,22 +287,6 @@ def test_quantized_loader_then_ferry_matches_the_quantized_model(
     assert [f.name for f in Path(o["disk_folder"]).iterdir() if f.stat().st_size > 4096] == []
 
 
-def test_torch_compile_after_ferry_is_a_clear_error(
-    client: Client, server: Any, reference: torch.Tensor
-) -> None:
-    entry = client.run(
-        graph([ferry(tier="ram"), ("TorchCompileModel", {"backend": "inductor"})], "compile")
-    )
-    assert entry["status"]["status_str"] == "error"
-    assert (
-        "TorchCompileModel cannot compile a model that Ferry Offload Model streams"
-        in error_message(entry)
-    )
-    assert torch.equal(
-        run_ok(client, server, graph([ferry(tier="ram")], "after-compile")), reference
-    )
-
-
 def test_stats_route_and_panel_route_validate(client: Client) -> None:
     body = client.get("/api/ferry/stats")  # ComfyUI also serves every route under /api
     assert body["ram"]["rss_anon"] > 0
