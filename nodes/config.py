@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
+from ..offload_core.disk import folder as disk_folder
 from ..offload_core.policy import DEFAULT_HEADROOM_GB, parse_disk_path
-from ..offload_core.sources import disk_folder
 
 # Widget ids of "Ferry Offload Model". Stable forever: saved workflows refer to them.
 LEVELS = ("block", "leaf")

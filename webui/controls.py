@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
+from ..offload_core.disk.folder import check_disk_folder
 from ..offload_core.policy import parse_disk_path
-from ..offload_core.sources.disk_folder import check_disk_folder
 
 SECTION = "Ferry offload"
 

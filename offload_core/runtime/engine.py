@@ -53,7 +53,7 @@ class Engine:
         read_threads: int = 4,
     ) -> None:
         self.root = root
-        #: Rewrites a damaged group's file from its source of truth (sources/repair.py).
+        #: Rewrites a damaged group's file from its source of truth (disk/repair.py).
         self.repair = repair
         self.groups = groups
         self.counters = counters
@@ -145,7 +145,7 @@ class Engine:
         except CorruptGroupFileError:
             # Its bytes were never used; where a source of truth exists the file is rewritten
             # and read again, so this forward goes on ([Note: repairing a group under the
-            # engine] in sources/repair.py).
+            # engine] in disk/repair.py).
             if self.repair is None or not self.repair(load.group):
                 raise
             g = load.group

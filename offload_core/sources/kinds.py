@@ -22,12 +22,12 @@ from typing import Protocol
 
 import torch
 
+from ..disk.file_source import FileSource
 from ..disk.plan import ReadPlan
 from ..model.grouping import GroupSpec
 from ..policy import DiskTier, Tier
 from ..runtime.source import WeightSource
 from ..transfer.backend import Backend
-from .file_source import FileSource
 from .host_slab import HostSlabSource
 from .origin import Origin
 
