@@ -211,7 +211,7 @@ class Placement:
     def rewrite(self, rt: GroupRuntime, slab: torch.Tensor) -> ReadPlan:
         """The group's file written anew from ``slab`` (its folder made again if deleted);
         the group gets a fresh source on the same read path and fresh host forms.
-        [Note: repairing a group under the engine] in repair.py says when this is safe."""
+        [Note: repairing a group under the engine] in disk/repair.py says when this is safe."""
         assert self.store is not None
         old = rt.source
 
