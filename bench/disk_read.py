@@ -1,6 +1,6 @@
 """How the disk tier's read path spends time and CPU on this machine: one cold read of a
 file per variant (threads, chunk size, CRC32 check, O_DIRECT), wall GB/s and CPU seconds per
-GB. On a CPU-only machine the CPU a read takes is taken from compute, so it is what decides
+GiB read. On a CPU-only machine the CPU a read takes is taken from compute, so it is what decides
 whether reads can hide behind a forward.
 
     python -m bench.disk_read [--size-gb 1] [--dir /tmp/ferry-bench]
@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.probes import drop_page_cache
 from bench.report import md_table
 from offload_core.disk.posix import MADV_POPULATE_READ
-from offload_core.units import GB, MIB, fmt_bytes
+from offload_core.units import GB, GIB, MIB, fmt_bytes
 
 
 def _read(path: Path, threads: int, chunk: int, crc: bool, direct: bool, size: int) -> None:
@@ -94,7 +94,7 @@ def beside_compute(path: Path, size: int, rounds: int) -> None:
         "compute alone s",
         "with the read s",
         "slowdown",
-        "s lost per GB",
+        "s lost per GiB",
     )
     rows = []
     for name, read in reads.items():
@@ -110,7 +110,7 @@ def beside_compute(path: Path, size: int, rounds: int) -> None:
         lost = statistics.median(b - a for a, b in zip(alone, beside))
         rows.append(
             (name, f"{statistics.median(alone):.3f}", f"{statistics.median(beside):.3f}",
-             f"{ratio:.3f}", f"{lost / (size / GB):.3f}")
+             f"{ratio:.3f}", f"{lost / (size / GIB):.3f}")
         )  # fmt: skip
         print(f"  {name}: {ratio:.3f} x", flush=True)
     print(md_table(head, rows))
@@ -120,14 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m bench.disk_read", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--size-gb", type=float, default=1.0)
+    p.add_argument("--size-gb", type=float, default=1.0, help="GiB")
     p.add_argument("--dir", default=os.environ.get("FERRY_BENCH_DIR", "/tmp/ferry-bench"))
     p.add_argument("--beside-compute", action="store_true", help="see the module's help")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
-    size = int(args.size_gb * GB) // (16 * MIB) * (16 * MIB)
+    size = int(args.size_gb * GIB) // (16 * MIB) * (16 * MIB)
     path = folder / "read-probe.bin"
     block = os.urandom(16 * MIB)
     with open(path, "wb") as f:
@@ -168,11 +168,11 @@ def main(argv: list[str] | None = None) -> int:
                 if best is None or wall < best[0]:
                     best = (wall, cpu)
             if best:
-                rows.append((name, f"{size / best[0] / GB:.2f}", f"{best[1] / (size / GB):.2f}"))
+                rows.append((name, f"{size / best[0] / GB:.2f}", f"{best[1] / (size / GIB):.2f}"))
                 print(f"  {name}: {rows[-1][1]} GB/s", flush=True)
     finally:
         path.unlink()
-    print(md_table(("variant", "GB/s", "CPU s per GB"), rows))
+    print(md_table(("variant", "GB/s", "CPU s per GiB"), rows))
     return 0
 
 

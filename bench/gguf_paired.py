@@ -32,7 +32,7 @@ from torch import nn
 
 from bench import probes, report
 from offload_core import BlockLevel, DiskTier, OffloadPolicy, apply_offload
-from offload_core.units import GB, fmt_bytes
+from offload_core.units import GIB, fmt_bytes
 
 Q8 = gguf.GGMLQuantizationType.Q8_0
 ROW_BYTES = 34  # 32 int8 values and their fp16 scale
@@ -126,7 +126,7 @@ def load(gpath: Path, width: int, depth: int, copy: bool) -> Net:
 def run(size_gb: float, width: int, tokens: int, rounds: int, workdir: Path, echo: Any) -> str:
     workdir.mkdir(parents=True, exist_ok=True)
     block_bytes = 4 * width * width // 32 * ROW_BYTES
-    depth = max(2, int(size_gb * GB // block_bytes))
+    depth = max(2, int(size_gb * GIB // block_bytes))
     echo(f"GGUF Q8_0 net: {depth} blocks of width {width}, {fmt_bytes(depth * block_bytes)}")
     gpath, spath = write_files(workdir, width, depth, echo)
     x = torch.randn(tokens, width, generator=torch.Generator().manual_seed(1))
@@ -187,7 +187,7 @@ def _alternate(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size-gb", type=float, default=1.0)
+    p.add_argument("--size-gb", type=float, default=1.0, help="GiB")
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)

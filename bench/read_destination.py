@@ -22,7 +22,7 @@ import torch
 from bench.probes import drop_page_cache
 from bench.report import md_table
 from offload_core.disk.host_memory import _page_aligned, host_buffer
-from offload_core.units import GB, MIB, fmt_bytes
+from offload_core.units import GB, GIB, MIB, fmt_bytes
 
 
 def _destinations(request: int) -> dict[str, memoryview]:
@@ -61,13 +61,13 @@ def _reader(path: Path, size: int, request: int, dest: memoryview) -> Callable[[
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.read_destination")
-    p.add_argument("--size-gb", type=float, default=2.5)
+    p.add_argument("--size-gb", type=float, default=2.5, help="GiB")
     p.add_argument("--request-mb", type=int, default=340, help="one block-level group")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--dir", default=os.environ.get("FERRY_BENCH_DIR", "/tmp/ferry-bench"))
     a = p.parse_args(argv)
     request = a.request_mb * MIB
-    size = int(a.size_gb * GB) // request * request
+    size = int(a.size_gb * GIB) // request * request
     folder = Path(a.dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "destination-probe.bin"

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..offload_core import ConfigError, FerryError, OffloadPolicy
+from ..offload_core.disk import folder as disk_folder
 from ..offload_core.policy import DEFAULT_HEADROOM_GB, LEVEL_NAMES, TIER_NAMES, parse_disk_path
-from ..offload_core.sources import disk_folder
 from ..seam.controls import ControlNames
 from ..seam.offload import HeldOffload
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import threading
 
 import torch
@@ -19,7 +18,6 @@ from .sources.checkpoint_origin import CheckpointOrigin
 from .sources.checkpoint_stream import CheckpointWeights
 from .sources.origin import ModelOrigin
 from .sources.placement import Placement, Progress
-from .sources.repair import repair_group
 from .transfer.backend import backend_for
 from .units import gbps
 
@@ -164,7 +162,7 @@ def apply_offload(
         staged = isinstance(plan.policy.tier, DiskTier)
         engine = Engine(
             model, streamed, backend, plan.prefetch_depth, counters, staged,
-            repair=functools.partial(repair_group, placement), read_threads=read_threads,
+            repair=placement.repair, read_threads=read_threads,
         )  # fmt: skip
         engine.install()
     handle = OffloadHandle(model, name, plan, placement, engine, counters)

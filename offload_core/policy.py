@@ -72,7 +72,7 @@ class DiskTier:
     #: (no slot, no copy; only the groups in the prefetch window are mapped), "copy" reads
     #: each group into a slot (faster where measured, but the slots are anonymous RAM),
     #: "auto" copies unless the slots would take much of the free RAM
-    #: (sources/placement.py: choose_cpu_read). On a GPU the groups are always copied.
+    #: (disk/mapped.py: choose_cpu_read). On a GPU the groups are always copied.
     cpu_read: Literal["auto", "mapped", "copy"] = "auto"
 
     def __post_init__(self) -> None:
@@ -267,7 +267,7 @@ def parse_disk_path(value: Any, default: str | None = None, flavour: Any = os.pa
     returned as typed without the spaces around it. Empty is ``default``, where a host has
     one (the ComfyUI node: ComfyUI's temp folder), else refused; a relative path is refused
     everywhere (it would depend on the directory a host was started from). Whether the
-    folder is usable is the read-only check's (sources/disk_folder.py) and the disk tier's.
+    folder is usable is the read-only check's (disk/folder.py) and the disk tier's.
     ``flavour`` is the platform's ``os.path`` (tests give ``ntpath``: on Windows a full path
     starts with a drive, ``C:\\models``, or is a share, ``\\\\nas\\share``)."""
     raw = value.strip() if isinstance(value, str) else ""

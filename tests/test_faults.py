@@ -22,7 +22,7 @@ from offload_core import (
     apply_offload,
     plan_offload,
 )
-from offload_core.sources import disk_folder
+from offload_core.disk import folder as disk_folder
 from tests.helpers import flip_byte, make_model, reference, snapshot, state_equal, tmpfs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,7 +174,7 @@ def test_run_killed_mid_write_is_detected_and_rewritten(tmp_path):
         f"""
         import os, torch
         from offload_core import apply_offload, OffloadPolicy, DiskTier
-        from offload_core.sources import store as diskstore
+        from offload_core.disk import store as diskstore
         from tests.helpers import make_model
         calls = {{"n": 0}}
         real = os.replace

@@ -96,7 +96,7 @@ def test_an_offload_reads_through_another_backend_and_equals_resident(tmp_path, 
     with using(BufferedOnly(_inner(inner))) as backend:
         handle = apply_offload(model, OffloadPolicy(level=level, tier=tier), onload_device="cpu")
         assert handle._engine is not None
-        plans = [g.source.plan for g in handle._engine.groups]  # type: ignore[attr-defined]
+        plans = [g.source.file_plan for g in handle._engine.groups]
         with torch.no_grad():
             outs = [model(**x) for _ in range(3)]
         handle.remove()

@@ -1,4 +1,4 @@
-"""The CPU disk path that computes straight from the group files' mapping (offload_core/sources/mapped.py), and
+"""The CPU disk path that computes straight from the group files' mapping (offload_core/disk/mapped.py), and
 when the chunk checksums are checked ([Note: what is checked when] in disk/plan.py)."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from offload_core import (
     apply_offload,
 )
 from offload_core.disk import plan as reads
+from offload_core.disk.mapped import MappedSource, can_map, choose_cpu_read
 from offload_core.disk.plan import FileIdentity
 from offload_core.sources import placement
-from offload_core.sources.mapped import MappedSource, can_map
 from tests.helpers import flip_byte, make_model, reference
 
 pytestmark = pytest.mark.skipif(not can_map(), reason="mapped groups need Linux madvise")
@@ -97,7 +97,7 @@ def test_checksums_first_read_or_every_read(tmp_path, monkeypatch, cpu_read, ver
     model = make_model("fp32")
     tier = DiskTier(str(tmp_path), verify=verify, cpu_read=cpu_read)
     handle = apply_offload(model, OffloadPolicy(tier=tier), onload_device="cpu")
-    chunks = sum(len(g.source.plan.chunks) for g in handle._engine.groups)
+    chunks = sum(len(g.source.file_plan.chunks) for g in handle._engine.groups)
     calls = _count_crc(monkeypatch)
     per_forward = []
     with torch.no_grad():
@@ -123,8 +123,8 @@ def test_rot_under_an_unchanged_identity_is_caught_by_every_read(tmp_path):
     with torch.no_grad():
         assert torch.equal(model(**x), ref)
     g = handle._engine.groups[2]
-    flip_byte(g.source.plan.path)
-    g.source.plan.identity = FileIdentity.of(os.stat(g.source.plan.path))
+    flip_byte(g.source.file_plan.path)
+    g.source.file_plan.identity = FileIdentity.of(os.stat(g.source.file_plan.path))
     with torch.no_grad(), pytest.raises(CorruptGroupFileError, match="checksum"):
         model(**x)
     handle._placement.store = None  # keep the evidence out of remove()'s way
@@ -141,7 +141,7 @@ def test_a_write_while_the_group_computes_fails_the_forward(tmp_path):
     tier = DiskTier(str(tmp_path), cpu_read="mapped")
     handle = apply_offload(model, OffloadPolicy(tier=tier), onload_device="cpu")
     g = handle._engine.groups[1]
-    target = g.source.plan.path
+    target = g.source.file_plan.path
     state = {"armed": True, "byte": 0}
 
     def tamper(*args):
@@ -178,7 +178,7 @@ GIB = 1 << 30
     ],
 )
 def test_cpu_read_rule(asked, slots, available, chosen):
-    assert placement.choose_cpu_read(asked, slots, available) == chosen
+    assert choose_cpu_read(asked, slots, available) == chosen
 
 
 @pytest.mark.parametrize(("available", "kind"), [(1 << 50, "slot"), (1, "mapped")])

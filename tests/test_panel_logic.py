@@ -72,7 +72,7 @@ def test_disk_check_read_only_folder(
     mod = sub(pack, "web.panel.disk_check")
     # CI often runs as root, who may write anywhere: make access() answer as for a user.
     # (test_settings_parsers.py also checks a real read-only mount.)
-    folder = sub(pack, "offload_core.sources.disk_folder")
+    folder = sub(pack, "offload_core.disk.folder")
     monkeypatch.setattr(folder.os, "access", lambda p, mode: Path(p) != tmp_path)
     r = mod.check_disk_path(str(tmp_path / "ferry"), None)
     assert (

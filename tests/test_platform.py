@@ -29,10 +29,10 @@ from offload_core import (
 )
 from offload_core.disk import files as files_module
 from offload_core.disk.files import platform_backend, using
+from offload_core.disk.folder import long_path
 from offload_core.disk.portable import PortableFiles
+from offload_core.disk.store import _pid_alive
 from offload_core.policy import parse_disk_path
-from offload_core.sources.disk_folder import long_path
-from offload_core.sources.store import _pid_alive
 from tests.helpers import flip_byte, make_model, reference
 
 

@@ -26,11 +26,11 @@ from offload_core import (
     find_offload,
     registry,
 )
+from offload_core.disk import folder as disk_folder
 from offload_core.disk.files import files
 from offload_core.errors import WeightsLostError
 from offload_core.loader import load_offloaded
 from offload_core.model.demo import DemoDiT, build_demo_model, demo_inputs
-from offload_core.sources import disk_folder
 from tests.helpers import fail_first_read_with_eio, flip_byte, make_model, reference, tmpfs
 
 PREFIX = "model.diffusion_model."
@@ -88,7 +88,7 @@ def test_damaged_group_file_is_rewritten_from_checkpoint(stored, tmp_path, fault
     if fault in ("truncated", "flipped", "replaced"):
         # A deleted file's open descriptor still reads its bytes: nothing to repair then.
         assert caplog.text.count("group-00002.safetensors was damaged; rewrote it from") == 1
-        assert files[2].stat().st_size == handle._placement.runtimes[2].source.plan.size  # type: ignore[attr-defined]
+        assert files[2].stat().st_size == handle._placement.runtimes[2].source.file_plan.size
     handle.remove()
     assert find_offload(handle.model) is None
     assert not (tmp_path / "ferry" / "ferry-DemoDiT").exists()

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from offload_core.errors import FerryError
-from offload_core.runtime.schedule import WINDOW_PER_DEPTH, Phase, Planned, Schedule
+from offload_core.runtime.schedule import WINDOW_PER_DEPTH, Phase, Planned, Prefetch, Schedule
 from offload_core.units import PAGE
 
 
@@ -25,11 +25,12 @@ def check(s: Schedule) -> None:
     if s.window:
         assert s.next_step == steps[-1] + 1
         n = len(s.order)
-        prev = s.cursor
+        assert s.prefetch is not Prefetch.STOPPED
+        expected = s.first_position()
         for p in s.window:
-            assert prev is not None and p.pos == (prev + 1) % n
+            assert p.pos == expected
             assert p.group == s.order[p.pos]
-            prev = p.pos
+            expected = (p.pos + 1) % n
     # The regions claimed (the one computing + the window) lie in the ring and are disjoint.
     live = s.live()
     assert s.current is None or s.current.step == s.step
@@ -57,7 +58,7 @@ def run_forward(s: Schedule, groups: list[int]) -> tuple[list[Planned], list[Pla
         check(s)
         started += s.top_up()
         check(s)
-        if s.cursor is not None:  # the ring never holds fewer loads ahead than by count
+        if s.prefetch is not Prefetch.STOPPED:  # never fewer loads ahead than by count
             assert len(s.window) >= min(s.depth, s.max_window)
         assert take.load.group == g
     if s.end_forward():
@@ -125,7 +126,7 @@ def test_a_group_outside_the_order_stops_prefetching_until_the_next_forward():
     s.take(0)
     s.top_up()
     take = s.take(2)
-    assert take.on_demand and take.load.pos is None and s.cursor is None
+    assert take.on_demand and take.load.pos is None and s.prefetch is Prefetch.STOPPED
     assert s.top_up() == []
 
 
@@ -229,12 +230,12 @@ def test_random_transitions_keep_the_regions_apart(seed):
         s.begin_forward()
         check(s)
         for _ in range(rng.randint(0, 2 * n)):
-            nxt = s.order[((s.cursor if s.cursor is not None else -1) + 1) % len(s.order)]
+            nxt = s.order[s.first_position()]
             s.take(rng.randrange(n) if rng.random() < 0.2 else nxt)
             check(s)
             s.top_up()
             check(s)
-            if s.cursor is not None:
+            if s.prefetch is not Prefetch.STOPPED:
                 assert len(s.window) >= min(s.depth, s.max_window)
         if rng.random() < 0.2:
             s.abort()

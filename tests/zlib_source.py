@@ -53,6 +53,7 @@ class Inflater:
 
 class ZlibSource:
     uses_slot = True
+    file_plan = None  # its bytes are in memory: no file
 
     def __init__(self, packed: torch.Tensor, inflater: Inflater) -> None:
         self.nbytes = packed.numel()

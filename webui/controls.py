@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
+from ..offload_core.disk.folder import check_disk_folder
 from ..offload_core.policy import LEVEL_NAMES, TIER_NAMES, parse_disk_path
-from ..offload_core.sources.disk_folder import check_disk_folder
 from ..seam.controls import ControlNames
 from ..seam.offload import HeldOffload
 

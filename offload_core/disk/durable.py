@@ -1,6 +1,6 @@
 """Writing a file so that a crash, a full disk or a power cut never leaves half of it: the one
 atomic write and the one folder fsync behind Ferry's group files and their folder's marker
-(sources/store.py), the quantized cache (quant/cache.py) and the settings file
+(disk/store.py), the quantized cache (quant/cache.py) and the settings file
 (tools/settings_file.py).
 
 The bytes go to a temporary file in the target's folder, which is flushed and fsynced, then

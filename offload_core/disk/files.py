@@ -29,7 +29,7 @@ class FileBackend(Protocol):
     #: Whether ``open_direct`` can ever give a descriptor here.
     has_direct: bool
     #: Whether a group file's mapping can drop its pages at once and fault them in on a
-    #: reader thread (sources/mapped.py: the CPU's mapped path needs both).
+    #: reader thread (disk/mapped.py: the CPU's mapped path needs both).
     maps_groups: bool
     #: Whether a large host buffer can be asked for on transparent huge pages.
     huge_pages: bool

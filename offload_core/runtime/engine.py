@@ -53,7 +53,7 @@ class Engine:
         read_threads: int = 4,
     ) -> None:
         self.root = root
-        #: Rewrites a damaged group's file from its source of truth (sources/repair.py).
+        #: Rewrites a damaged group's file from its source of truth (disk/repair.py).
         self.repair = repair
         self.groups = groups
         self.counters = counters
@@ -71,7 +71,11 @@ class Engine:
         )
         self._ids = {id(g): i for i, g in enumerate(groups)}  # a group's number in the schedule
         self.inflight: dict[int, Load] = {}  # by step: the loads the schedule planned
-        #: The load computing now: its group, the slot its tensors point into, its region.
+        #: The load computing now: its group and the slot its tensors point into, which
+        #: ``_release_current`` gives back. Not the schedule's ``current`` (the same region,
+        #: ``load.planned``): the schedule reserves it from ``take`` on, this is set only once
+        #: the load's bytes are in, so a failed activation has nothing to give back while its
+        #: region stays reserved until the abort.
         self.current: Load | None = None
         self.never_ran: list[str] = []
         self._hooks: list[Any] = []
@@ -145,7 +149,7 @@ class Engine:
         except CorruptGroupFileError:
             # Its bytes were never used; where a source of truth exists the file is rewritten
             # and read again, so this forward goes on ([Note: repairing a group under the
-            # engine] in sources/repair.py).
+            # engine] in disk/repair.py).
             if self.repair is None or not self.repair(load.group):
                 raise
             g = load.group

@@ -22,21 +22,24 @@ cap allows (as by count; a free ring, where a region straddles the middle, could
 for the next group at depth 1), and with equal groups it is exactly by count.
 Invariants, which tests/test_schedule.py checks after every transition:
   - the window holds at most ``max_window`` loads, with consecutive steps starting at
-    ``step + 1``;
+    ``step + 1`` (``step``: the step of the load taken last, ``taken``);
   - no two live regions (the one computing, ``current``, and the window's) overlap, and each
     lies inside the ring: a region is never written while a group that has not been
     released yet reads it. Regions of earlier (released) steps may be overlapped: the copy
     waits for their compute-done events ([Note: the three waits], wait 2);
   - after ``top_up`` (while prefetching), the window holds at least ``min(depth,
     max_window)`` loads: never fewer ahead than by count;
-  - the window's positions follow ``cursor`` consecutively around the order;
-  - what is planned next is a state (``Prefetch``): FOLLOWING the group computing now
-    (``cursor`` is its position), FROM_START before a forward's first group (``cursor``
-    -1), or STOPPED until the next forward begins, after an abort or a group that is not
-    in the order (``cursor`` None).
-The engine releases the group computing now (records its compute-done event) before every
+  - the window's positions follow ``first_position()`` consecutively around the order;
+  - what is planned next is a state (``Prefetch``): FOLLOWING the load taken last (planning
+    goes on after its position), FROM_START before a forward's first group (from the
+    order's start), or STOPPED until the next forward begins, after an abort or a group
+    that is not in the order (nothing is planned).
+The group computing now is held once, as the load taken last (``taken``: its step, position
+and region) while its region is live (``computing``); ``current`` and ``step`` are read from
+it. The engine releases the group computing now (records its compute-done event) before every
 transition that plans (``take``, ``begin_forward``, ``retrace``, ``abort``), which therefore
-clear ``current``. A group that is not the window's head (a misprediction) drops the whole
+end ``computing``: its region is free, while its step and position still say where the
+schedule is (the next step is numbered after it; a FOLLOWING schedule plans after it). A group that is not the window's head (a misprediction) drops the whole
 window; the engine waits for the dropped loads before their regions are reused.
 """
 
@@ -65,7 +68,7 @@ class Prefetch(Enum):
 
     STOPPED = "stopped"  # nothing, until the next forward begins
     FROM_START = "from_start"  # the order's first group (a forward is beginning)
-    FOLLOWING = "following"  # the groups after ``position``, the group computing now
+    FOLLOWING = "following"  # the groups after the load taken last (``Schedule.taken``)
 
 
 @dataclass(frozen=True)
@@ -101,14 +104,14 @@ class Schedule:
     order: list[int] = field(default_factory=list)
     window: deque[Planned] = field(default_factory=deque)
     phase: Phase = Phase.IDLE
-    step: int = 0  # activation number of the group computing now (0: none yet)
     next_step: int = 1
     prefetch: Prefetch = Prefetch.STOPPED
-    position: int = 0  # in the order, of the group computing now (while FOLLOWING)
     observed: list[int] = field(default_factory=list)
     retraced: int = 0
-    #: The region of the group computing now (released regions are not tracked here).
-    current: Planned | None = None
+    #: The load taken last: the group computing now while ``computing`` (its region is
+    #: live); after its release, still where the schedule stands (its step and position).
+    taken: Planned | None = None
+    computing: bool = False
 
     def __post_init__(self) -> None:
         if not self.order:
@@ -121,18 +124,22 @@ class Schedule:
         self.max_window = WINDOW_PER_DEPTH * self.depth
 
     @property
-    def cursor(self) -> int | None:
-        """The position loads are planned after: the group computing now's while
-        following, -1 from the start, None when stopped."""
-        if self.prefetch is Prefetch.STOPPED:
-            return None
-        return self.position if self.prefetch is Prefetch.FOLLOWING else -1
+    def current(self) -> Planned | None:
+        """The load of the group computing now (its region is live); None once released."""
+        return self.taken if self.computing else None
 
-    def _follow(self, pos: int | None) -> None:
-        if pos is None:
-            self.prefetch = Prefetch.STOPPED  # a group outside the order: nothing to follow
-        else:
-            self.prefetch, self.position = Prefetch.FOLLOWING, pos
+    @property
+    def step(self) -> int:
+        """The activation number of the load taken last (0: none yet)."""
+        return self.taken.step if self.taken is not None else 0
+
+    def first_position(self) -> int:
+        """Where in the order planning (or a search for a group) begins: right after the
+        load taken last while FOLLOWING it, else at the order's start."""
+        if self.prefetch is Prefetch.FOLLOWING:
+            assert self.taken is not None and self.taken.pos is not None  # see take()
+            return (self.taken.pos + 1) % len(self.order)
+        return 0
 
     def live(self) -> list[Planned]:
         """The regions in use, oldest first: the group computing now, then the window."""
@@ -151,7 +158,7 @@ class Schedule:
             )
         self.phase = Phase.IN_FORWARD
         self.observed = []
-        self.current = None  # released by the engine before
+        self.computing = False  # released by the engine before
         if self.window:
             return []  # the previous forward already prefetched this one's first groups
         self.prefetch = Prefetch.FROM_START
@@ -159,7 +166,7 @@ class Schedule:
 
     def take(self, group: int) -> Take:
         """Group ``group`` is about to compute."""
-        self.current = None  # the engine released the group before: its region is free
+        self.computing = False  # the engine released the group before: its region is free
         if self.phase is Phase.IN_FORWARD:
             self.observed.append(group)
         if self.window and self.window[0].group == group:
@@ -168,26 +175,29 @@ class Schedule:
             pos = self._position_of(group)
             dropped = self.drop_window()
             load, on_demand = self._plan(pos, group), True
-        self.step = load.step
-        self._follow(load.pos)
-        self.current = load
+        self.taken, self.computing = load, True
+        # A group outside the order leaves nothing to follow.
+        self.prefetch = Prefetch.STOPPED if load.pos is None else Prefetch.FOLLOWING
         return Take(load, dropped, on_demand)
 
     def top_up(self) -> list[Planned]:
         """Plans loads until the window is full; returns them, to start in this order."""
-        cursor = self.cursor
-        if cursor is None or not self.order:
+        if self.prefetch is Prefetch.STOPPED or not self.order:
             return []
         n = len(self.order)
-        last = self.window[-1].pos if self.window else cursor
+        pos = self.first_position()
+        if self.window:
+            last = self.window[-1].pos
+            assert last is not None  # the window's loads were planned in the order
+            pos = (last + 1) % n
         planned = []
-        while len(self.window) < self.max_window and last is not None:
-            last = (last + 1) % n
-            offset = self._fit(self.order[last])
+        while len(self.window) < self.max_window:
+            offset = self._fit(self.order[pos])
             if offset is None:
                 break  # the ring is full up to the region of the group computing now
-            planned.append(self._plan(last, self.order[last], offset))
+            planned.append(self._plan(pos, self.order[pos], offset))
             self.window.append(planned[-1])
+            pos = (pos + 1) % n
         return planned
 
     def end_forward(self) -> bool:
@@ -205,7 +215,7 @@ class Schedule:
             self.retraced += 1
         dropped = self.drop_window()
         self.prefetch = Prefetch.FROM_START
-        self.current = None  # the forward's last group was released before
+        self.computing = False  # the forward's last group was released before
         return never_ran, dropped, self.top_up()
 
     def abort(self) -> list[Planned]:
@@ -213,7 +223,7 @@ class Schedule:
         prefetched until the next forward begins. Returns the loads to drop."""
         self.phase = Phase.IDLE
         self.prefetch = Prefetch.STOPPED
-        self.current = None
+        self.computing = False
         return self.drop_window()
 
     def drop_window(self) -> list[Planned]:
@@ -253,10 +263,10 @@ class Schedule:
         return offset
 
     def _position_of(self, group: int) -> int | None:
-        """The group's next position in the order after the cursor (None: not in it)."""
+        """The group's next position in the order from ``first_position`` on (None: not in
+        it)."""
         n = len(self.order)
-        cursor = self.cursor
-        start = (cursor + 1) if cursor is not None else 0
+        start = self.first_position() if n else 0
         for k in range(n):
             p = (start + k) % n
             if self.order[p] == group:

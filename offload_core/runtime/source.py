@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 if TYPE_CHECKING:
+    from ..disk.plan import ReadPlan
     from ..transfer.backend import Backend
     from ..transfer.buffers import Slot
     from ..transfer.copies import Transfers
@@ -22,6 +23,13 @@ if TYPE_CHECKING:
 
 class HeldBytes(Protocol):
     """Whatever holds a group's bytes while it is placed: given back on remove."""
+
+    @property
+    def file_plan(self) -> ReadPlan | None:
+        """The checked file the bytes are read from (Ferry's group file or the user's
+        checkpoint: what a repair rewrites, what a lost group's error names); None for
+        bytes held in memory."""
+        ...
 
     def host_bytes(self, nbytes: int) -> torch.Tensor:
         """The group's slab (``nbytes``), readable by ``copy_``: to restore the model."""

@@ -3,8 +3,7 @@
 One ``Placement`` (placement.py) lays every model out; its origin (origin.py: the model's own
 tensors; checkpoint_origin.py: a meta-built model's checkpoint) says where the bytes come
 from. The kinds of source (kinds.py, in order) are a host slab (host_slab.py), the user's
-checkpoint or Ferry's group file read into a slot (file_source.py), a mapped group file
-(mapped.py); a group kept on the device is resident.py. The checkpoint index (checkpoint.py)
-alone knows a checkpoint; checkpoint_stream.py matches a meta model to it; store.py and
-disk_folder.py are the disk tier's files and folder; repair.py rewrites a damaged group file.
+checkpoint or Ferry's group file (the disk tier's sources, in disk/: file_source.py,
+mapped.py); a group kept on the device is resident.py. The checkpoint index (checkpoint.py)
+alone knows a checkpoint; checkpoint_stream.py matches a meta model to it.
 """

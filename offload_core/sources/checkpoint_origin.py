@@ -69,7 +69,7 @@ class CheckpointOrigin:
         keys = self.weights.group_keys(spec)
         return _verified(self.weights.index.read_plan(keys, spec.entries, packed, direct))
 
-    # -- repair: the checkpoint is the source of truth (sources/repair.py) ---------------------
+    # -- repair: the checkpoint is the source of truth (disk/repair.py) ------------------------
     def has_truth(self, spec: GroupSpec) -> bool:
         return spec.index in self._from_file
 

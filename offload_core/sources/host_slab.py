@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 class HostSlabSource:
     uses_slot = True
+    file_plan = None  # its bytes are in memory: no file
 
     def __init__(self, slab: torch.Tensor) -> None:
         self.slab = slab

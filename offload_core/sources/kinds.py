@@ -4,9 +4,10 @@ tensors take while it does not compute) or declines; the first that makes one wi
 
     host_slab    the RAM tiers: the group's own slab, pinned or plain (host_slab.py)
     checkpoint   the disk tier, where the user's checkpoint holds the group's bytes as they
-                 are (file_source.py reads it; nothing written)
-    group_file   the disk tier otherwise: Ferry's group file, read into a slot
-                 (file_source.py) or, on a CPU, computed from in place (mapped.py)
+                 are (disk/file_source.py reads it; nothing written)
+    group_file   the disk tier otherwise: Ferry's group file (disk/store.py), read into a
+                 slot (disk/file_source.py) or, on a CPU, computed from in place
+                 (disk/mapped.py)
 
 Adding a kind is one file (its source, implementing runtime/source.py's ``WeightSource``,
 and its kind function) plus one line in ``KINDS`` (or a ``registered`` block, as the tests'
@@ -22,12 +23,12 @@ from typing import Protocol
 
 import torch
 
+from ..disk.file_source import FileSource
 from ..disk.plan import ReadPlan
 from ..model.grouping import GroupSpec
 from ..policy import DiskTier, Tier
 from ..runtime.source import WeightSource
 from ..transfer.backend import Backend
-from .file_source import FileSource
 from .host_slab import HostSlabSource
 from .origin import Origin
 

@@ -11,15 +11,19 @@ anything fails half-way, the groups already placed are put back.
 from __future__ import annotations
 
 import logging
-import mmap
 from collections.abc import Callable
 from typing import Literal
 
 import torch
 from torch import nn
 
+from ..disk.file_source import FileSource
 from ..disk.files import files
+from ..disk.mapped import MappedSource, can_map, choose_cpu_read
+from ..disk.mappings import Mappings
 from ..disk.plan import ReadPlan
+from ..disk.repair import slab_from_truth
+from ..disk.store import GroupStore
 from ..errors import CorruptGroupFileError, RestoreIncompleteError, WeightsLostError
 from ..model.grouping import GroupSpec
 from ..model.layout import Entry
@@ -29,42 +33,15 @@ from ..runtime.group import GroupRuntime
 from ..runtime.memory import system_available_ram
 from ..transfer.backend import Backend
 from ..units import fmt_bytes
-from .file_source import FileSource
 from .kinds import Made, Placed, make_source
-from .mapped import MappedSource, can_map
 from .origin import Origin
 from .resident import DeviceBytes, ResidentGroup
-from .store import GroupStore
 
 log = logging.getLogger("ferry")
 Progress = Callable[[int, int], None]
 #: A group file's header, beside its data, when sizing the disk tier's folder.
 HEADER_ALLOWANCE = 65536
-#: cpu_read="auto" copies into slots while they take at most this share of the RAM available
-#: at apply; above it RAM is the constraint and the groups are computed from the mapping.
-COPY_RAM_SHARE = 0.25
 META = torch.device("meta")
-
-
-def choose_cpu_read(
-    asked: str, slots_bytes: int, available: int | None
-) -> Literal["mapped", "copy"]:
-    """The disk tier's read path on a CPU onload device.
-
-    "auto" copies: measured on a 2-core VM (docs/benchmarks.md), computing from a reused slot
-    filled by O_DIRECT reads beat computing from freshly read page cache in every regime
-    (each cold forward maps new page-cache pages, which the guest faults in again). The
-    mapped path holds no anonymous slots, so it is kept where the slots would take more than
-    ``COPY_RAM_SHARE`` of the available RAM (or ``available`` is unknown and the platform
-    maps: the safe side for RAM), and wherever it is asked for.
-    """
-    if asked in ("mapped", "copy"):
-        return asked  # type: ignore[return-value]
-    if not can_map():
-        return "copy"
-    if available is None or slots_bytes > available * COPY_RAM_SHARE:
-        return "mapped"
-    return "copy"
 
 
 def available_ram() -> int | None:
@@ -91,7 +68,7 @@ class Placement:
         self.outside_moved: list[tuple[nn.Module, str, bool, torch.device]] = []
         self.store: GroupStore | None = None
         self.notes: list[str] = []
-        self._mmaps: dict[str, tuple[mmap.mmap, torch.Tensor]] = {}
+        self.mappings = Mappings()  # the files the groups' host forms view
         self.cpu_read: Literal["mapped", "copy"] = "copy"
 
     @property
@@ -208,37 +185,33 @@ class Placement:
         return plan
 
     def group_file_source(self, spec: GroupSpec, plan: ReadPlan) -> Made:
-        data = self._mapping(plan)[1][plan.chunks[0].file_offset :]
-        forms = [e.build(data) for e in spec.entries]
+        forms = self.mappings.group_forms(spec.entries, plan)
         if self.backend.synchronous and self.cpu_read == "mapped" and can_map():
-            return MappedSource(plan, self._mapping(plan)[0]), forms
+            return MappedSource(plan, self.mappings.of(plan)), forms
         return FileSource(plan), forms
 
     def checkpoint_forms(self, spec: GroupSpec, plan: ReadPlan) -> list[torch.Tensor]:
         """Views of the file's mapping: the group's tensors while it is not computing (the
         model reads as usual; nothing is in RAM until touched)."""
-        _, whole = self._mapping(plan)
-        at = {c.buf_offset: c.file_offset for c in plan.chunks}
-        forms = []
-        for e in spec.entries:
-            part = e.parts[0]
-            start = at[part.offset]
-            forms.append(whole[start : start + part.nbytes].view(part.dtype).view(part.size))
-        return forms
+        return self.mappings.checkpoint_forms(spec.entries, plan)
 
-    def _mapping(self, plan: ReadPlan) -> tuple[mmap.mmap, torch.Tensor]:
-        key = str(plan.path)
-        if key not in self._mmaps:
-            # Copy-on-write: a stray in-place write from user code never reaches the file.
-            mm = mmap.mmap(plan.fd, 0, access=mmap.ACCESS_COPY)
-            self._mmaps[key] = (mm, torch.frombuffer(mm, dtype=torch.uint8))
-        return self._mmaps[key]
+    # -- repair (disk/repair.py) -------------------------------------------------------------
+    def repair(self, rt: GroupRuntime) -> bool:
+        """Rewrites the group's damaged file from its source of truth; False when it has
+        none. See [Note: repairing a group under the engine] in disk/repair.py."""
+        slab = slab_from_truth(self.store, rt.source.file_plan, rt.spec, self.origin)
+        if slab is None:
+            return False
+        plan = self.rewrite(rt, slab)
+        log.warning(
+            "ferry: %s was damaged; rewrote it from %s", plan.path.name, self.origin.truth_name()
+        )
+        return True
 
-    # -- repair (sources/repair.py) ----------------------------------------------------------
     def rewrite(self, rt: GroupRuntime, slab: torch.Tensor) -> ReadPlan:
         """The group's file written anew from ``slab`` (its folder made again if deleted);
         the group gets a fresh source on the same read path and fresh host forms.
-        [Note: repairing a group under the engine] in repair.py says when this is safe."""
+        [Note: repairing a group under the engine] in disk/repair.py says when this is safe."""
         assert self.store is not None
         old = rt.source
 
@@ -248,8 +221,8 @@ class Placement:
             # forms, the mapping goes with its last view.
             _point_all(rt.spec.entries, [_placeholder(e) for e in rt.spec.entries])
             rt.host_forms = []
-            old_path = getattr(getattr(old, "plan", None), "path", None)
-            self._mmaps.pop(str(old_path), None)
+            if old.file_plan is not None:
+                self.mappings.forget(old.file_plan.path)
             old.close(self.backend)
 
         self.store.reopen()
@@ -290,7 +263,7 @@ class Placement:
             for m, attr, is_param, dev in reversed(self.outside_moved):
                 _move(m, attr, is_param, dev)
             self.outside_moved.clear()
-            self._mmaps.clear()
+            self.mappings.clear()
             if self.store is not None:
                 self.store.delete()  # a damaged layout's files are worth nothing: never left
         if failed is not None:
@@ -390,5 +363,5 @@ def lost_error(
     lost: list[GroupRuntime | ResidentGroup], first: CorruptGroupFileError
 ) -> WeightsLostError:
     """The error remove() raises once everything else is restored: the groups damage lost."""
-    files = [str(getattr(getattr(rt.source, "plan", None), "path", rt.name)) for rt in lost]
+    files = [str(rt.source.file_plan.path if rt.source.file_plan else rt.name) for rt in lost]
     return WeightsLostError([rt.name for rt in lost], files, first)

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 class DeviceBytes:
     """The group's slab on the device (``HeldBytes``)."""
 
+    file_plan = None  # its bytes are in memory: no file
+
     def __init__(self, buf: torch.Tensor) -> None:
         self.buf = buf
 

@@ -337,21 +337,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m offload_core.tools.autotune", description=__doc__.split("\n\n")[0]
     )
-    ap.add_argument("--size-gb", type=float, default=0.05, help="demo model size (default 0.05)")
+    ap.add_argument(
+        "--size-gb", type=float, default=0.05, help="demo model size in GiB (default 0.05)"
+    )
     ap.add_argument("--tokens", type=int, default=64, help="tokens per forward (default 64)")
     ap.add_argument(
         "--device", default=None, help="onload device (default: the accelerator, else cpu)"
     )
-    ap.add_argument("--vram-budget-gb", default=None, help="VRAM the plan may use (GB)")
-    ap.add_argument("--ram-budget-gb", default=None, help="RAM the plan may use (GB)")
+    ap.add_argument("--vram-budget-gb", default=None, help="VRAM the plan may use (GiB)")
+    ap.add_argument("--ram-budget-gb", default=None, help="RAM the plan may use (GiB)")
     ap.add_argument("--disk-path", default=None, help="also try the disk tier in this folder")
     ap.add_argument("--steps", type=int, default=3, help="timed forwards per plan (default 3)")
     args = ap.parse_args(argv)
+    from ..model.demo import size_gb_for_gib
+
     try:
         budget = Budget.from_gb(args.vram_budget_gb, args.ram_budget_gb)
         device = args.device or _default_onload()
         result = autotune(
-            demo_factory(args.size_gb, args.tokens),
+            demo_factory(size_gb_for_gib(args.size_gb), args.tokens),
             budget=budget,
             onload_device=device,
             disk_path=args.disk_path,

@@ -1,6 +1,6 @@
 """The CLI demo: build a synthetic DiT, run it resident, then offloaded, and print a table.
 
-    python -m offload_core.tools.demo                       # ~2 GB bf16 model, pinned RAM, auto device
+    python -m offload_core.tools.demo                       # ~2 GiB bf16 model, pinned RAM, auto device
     python -m offload_core.tools.demo --tier disk --disk-path /nvme/ferry --size-gb 8
     python -m offload_core.tools.demo --level leaf --tier ram --device cpu --size-gb 0.5
 
@@ -20,7 +20,7 @@ import torch
 
 from ..api import apply_offload
 from ..errors import FerryError
-from ..model.demo import build_demo_model, demo_inputs
+from ..model.demo import build_demo_model, demo_inputs, size_gb_for_gib
 from ..model.plan import resolve_device
 from ..policy import OffloadPolicy
 from ..runtime.memory import PeakRssSampler, ProcessMemory, device_memory
@@ -96,16 +96,18 @@ def _build(
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The demo DiT (quantized if asked) and one forward's inputs on ``device``."""
     tokens = args.tokens or (1024 if device.type != "cpu" else 64)
-    echo(f"building a {args.size_gb:g} GB {args.dtype} demo DiT (seed {args.seed}) ...")
-    model = build_demo_model(args.size_gb, DTYPES[args.dtype], seed=args.seed)
+    echo(f"building a {args.size_gb:g} GiB {args.dtype} demo DiT (seed {args.seed}) ...")
+    model = build_demo_model(size_gb_for_gib(args.size_gb), DTYPES[args.dtype], seed=args.seed)
     if args.quant and args.quant != "none":
         from ..quant import quantize_model
 
         echo(f"quantizing with {args.quant} ...")
         quantize_model(model, args.quant, device=device)
     n_params = sum(p.numel() for p in model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
     echo(
-        f"model: {n_params / 1e6:.0f} M parameters, {len(model.double_blocks)} double + "
+        f"model: {n_params / 1e6:.0f} M parameters ({fmt_bytes(weights)}), "
+        f"{len(model.double_blocks)} double + "
         f"{len(model.single_blocks)} single blocks; {tokens} image tokens; device {device}"
     )
     return model, demo_inputs(model, tokens=tokens, seed=args.seed, device=device)
@@ -205,7 +207,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m offload_core.tools.demo", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--size-gb", type=float, default=2.0, help="model size in GB (default 2)")
+    p.add_argument("--size-gb", type=float, default=2.0, help="model size in GiB (default 2)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--level", choices=["block", "leaf"], default="block")
     p.add_argument("--blocks-per-group", type=int, default=1)
@@ -213,7 +215,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--disk-path", default="./ferry_offload", help="folder for the disk tier")
     p.add_argument("--prefetch", type=int, default=1, help="groups loaded ahead (1..8)")
     p.add_argument(
-        "--vram-budget-gb", default=None, help="'auto' or GB; default: stream everything"
+        "--vram-budget-gb", default=None, help="'auto' or GiB; default: stream everything"
     )
     p.add_argument(
         "--device", default=None, help="onload device (default: the accelerator, else cpu)"

@@ -7,7 +7,7 @@ panel cannot touch the disk.
 
 from __future__ import annotations
 
-from ...offload_core.sources.disk_folder import FolderCheck, check_disk_folder
+from ...offload_core.disk.folder import FolderCheck, check_disk_folder
 
 
 def check_disk_path(text: str | None, needed_bytes: int | None) -> FolderCheck:

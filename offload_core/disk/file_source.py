@@ -4,28 +4,24 @@ user's checkpoint (both a checked ReadPlan, disk/plan.py, read by the one reader
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from ..disk.plan import ReadPlan
-from ..disk.reader import read_all
-
-if TYPE_CHECKING:
-    from ..transfer.backend import Backend
-    from ..transfer.buffers import Slot
-    from ..transfer.copies import Transfers
+from .loads import Loads
+from .plan import ReadPlan
+from .reader import read_all
 
 
 class FileSource:
     uses_slot = True
 
     def __init__(self, plan: ReadPlan) -> None:
-        self.plan = plan
+        self.file_plan = plan
 
-    def load(self, transfers: Transfers, slot: Slot | None) -> Future[Any]:
+    def load(self, transfers: Loads, slot: Any) -> Future[Any]:
         assert slot is not None
-        return transfers.read_file(self.plan, slot)
+        return transfers.read_file(self.file_plan, slot)
 
     def release(self) -> None:
         pass
@@ -35,8 +31,8 @@ class FileSource:
 
     def host_bytes(self, nbytes: int) -> torch.Tensor:
         buf = torch.empty(nbytes, dtype=torch.uint8)
-        read_all(self.plan, buf)
+        read_all(self.file_plan, buf)
         return buf
 
-    def close(self, backend: Backend) -> None:
-        self.plan.close()
+    def close(self, backend: object) -> None:
+        self.file_plan.close()

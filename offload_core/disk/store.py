@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from ..disk.durable import atomic_write, fsync_dir
-from ..disk.plan import ReadPlan, checksummed, open_plan
 from ..errors import DiskPathError
 from ..formats.safetensors import NAMES, aligned_header, byte_view
 from ..model.layout import Entry
-from . import disk_folder
+from .durable import atomic_write, fsync_dir
+from .folder import check_room, make_folder, make_root
+from .plan import ReadPlan, checksummed, open_plan
 
 log = logging.getLogger("ferry")
 
@@ -69,11 +69,11 @@ class GroupStore:
     ) -> GroupStore:
         """Checks and claims the folder before anything is written. ``held``: folders whose
         old files another program holds (skipped this time)."""
-        root, created = disk_folder.make_root(disk_path)
+        root, created = make_root(disk_path)
         folder, stale_note = _choose_folder(root, f"ferry-{_slug(name)}", held)
         reclaim = _own_files_size(folder) if folder.exists() else 0
-        disk_folder.check_room(root, need_bytes, reclaim)
-        disk_folder.make_folder(root, folder)
+        check_room(root, need_bytes, reclaim)
+        make_folder(root, folder)
         store = cls(folder, stale_note)
         store.created_parents = created
         if store._remove_own_files(tolerate=True):
