@@ -13,6 +13,18 @@ from ..offload_core.policy import DEFAULT_HEADROOM_GB
 from .config import CPU_READ_CHOICES, LEVELS, TIERS, VERIFY_CHOICES
 
 
+def setting_inputs() -> list[io.Input]:
+    """Every setting of a Ferry offload node (Ferry Offload Model, Ferry Offload Text Encoder),
+    after its one input: the panel's switch, then how, memory and the advanced ones."""
+    panel = io.Boolean.Input(
+        "use_panel_settings",
+        default=False,
+        tooltip="On: use the settings saved in the Ferry panel (the sidebar's "
+        "'Open panel' button) and ignore the widgets below.",
+    )
+    return [panel, *how_inputs(), *memory_inputs(), *advanced_inputs()]
+
+
 def how_inputs() -> list[io.Input]:
     """How the model is cut and where the rest of it waits."""
     return [

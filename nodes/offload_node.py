@@ -13,7 +13,7 @@ from typing import Any
 import folder_paths
 from comfy_api.latest import io, ui
 
-from ..offload_core import ConfigError, DiskTier
+from ..offload_core import ConfigError, DiskTier, OffloadPolicy
 from ..offload_core.policy import DEFAULT_HEADROOM_GB
 from ..offload_core.tools.settings_file import default_settings_path, load_settings
 from ..seam.model_files import gguf_file_of
@@ -26,7 +26,7 @@ from .config import (
     policy_from_panel,
 )
 from .dynamic import DYNAMIC_VRAM_HELP
-from .offload_inputs import advanced_inputs, how_inputs, memory_inputs
+from .offload_inputs import setting_inputs
 from .patcher import ferry_clone
 from .stream_loader import bytes_to_write
 
@@ -66,15 +66,7 @@ class FerryOffloadModel(io.ComfyNode):
                     "in RAM first (the peak happens at the loader); from Ferry Load Diffusion "
                     "Model (quant_preset none) it streams from its file: models bigger than RAM.",
                 ),
-                io.Boolean.Input(
-                    "use_panel_settings",
-                    default=False,
-                    tooltip="On: use the settings saved in the Ferry panel (the sidebar's "
-                    "'Open panel' button) and ignore the widgets below.",
-                ),
-                *how_inputs(),
-                *memory_inputs(),
-                *advanced_inputs(),
+                *setting_inputs(),
             ],
             outputs=[io.Model.Output(tooltip="The same model; it loads through Ferry.")],
         )
@@ -124,22 +116,19 @@ class FerryOffloadModel(io.ComfyNode):
         verify: str = "first_read",
         cpu_read: str = "auto",
     ) -> io.NodeOutput:
-        if use_panel_settings:
-            policy = policy_from_panel(load_settings)
-        else:
-            policy = policy_from_inputs(
-                level=level,
-                blocks_per_group=blocks_per_group,
-                tier=tier,
-                disk_path=disk_path,
-                prefetch_depth=prefetch_depth,
-                vram_budget=vram_budget,
-                default_disk_path=default_disk_path(),
-                headroom_gb=headroom_gb,
-                direct_io=direct_io,
-                verify=verify,
-                cpu_read=cpu_read,
-            )
+        policy = node_policy(
+            use_panel_settings,
+            level=level,
+            blocks_per_group=blocks_per_group,
+            tier=tier,
+            disk_path=disk_path,
+            prefetch_depth=prefetch_depth,
+            vram_budget=vram_budget,
+            headroom_gb=headroom_gb,
+            direct_io=direct_io,
+            verify=verify,
+            cpu_read=cpu_read,
+        )
         config = FerryConfig(policy, name=_model_name(model))
         if not getattr(model, "patches", None):
             # Weights as in their file: the disk tier may read groups from it, not write copies.
@@ -152,6 +141,14 @@ class FerryOffloadModel(io.ComfyNode):
             return io.NodeOutput(model, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
         check_against_model(out, config, use_panel_settings)
         return io.NodeOutput(out)
+
+
+def node_policy(use_panel_settings: bool, **widgets: Any) -> OffloadPolicy:
+    """The policy a Ferry offload node runs with: the panel's saved settings, or its widgets'
+    (validated; a bad one raises NodeInputError naming it)."""
+    if use_panel_settings:
+        return policy_from_panel(load_settings)
+    return policy_from_inputs(default_disk_path=default_disk_path(), **widgets)
 
 
 def check_against_model(out: Any, config: FerryConfig, use_panel_settings: bool) -> None:

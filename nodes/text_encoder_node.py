@@ -12,12 +12,10 @@ from typing import Any
 
 from comfy_api.latest import io, ui
 
-from ..offload_core.policy import DEFAULT_HEADROOM_GB
-from ..offload_core.tools.settings_file import load_settings
-from .config import FerryConfig, policy_from_inputs, policy_from_panel
+from .config import FerryConfig
 from .dynamic import DYNAMIC_VRAM_HELP
-from .offload_inputs import advanced_inputs, how_inputs, memory_inputs
-from .offload_node import FerryOffloadModel, check_against_model, default_disk_path
+from .offload_inputs import setting_inputs
+from .offload_node import FerryOffloadModel, check_against_model, node_policy
 from .patcher import ferry_clone
 from .text_encoder_patcher import TextEncoderPatcherMixin
 
@@ -38,15 +36,7 @@ class FerryOffloadTextEncoder(io.ComfyNode):
             ),
             inputs=[
                 io.Clip.Input("clip", tooltip="The text encoder (CLIP) to offload."),
-                io.Boolean.Input(
-                    "use_panel_settings",
-                    default=False,
-                    tooltip="On: use the settings saved in the Ferry panel (the sidebar's "
-                    "'Open panel' button) and ignore the widgets below.",
-                ),
-                *how_inputs(),
-                *memory_inputs(),
-                *advanced_inputs(),
+                *setting_inputs(),
             ],
             outputs=[io.Clip.Output(tooltip="The same text encoder; it loads through Ferry.")],
         )
@@ -62,37 +52,9 @@ class FerryOffloadTextEncoder(io.ComfyNode):
         return FerryOffloadModel.validate_inputs(use_panel_settings, tier, vram_budget, disk_path)
 
     @classmethod
-    def execute(
-        cls,
-        clip: Any,
-        use_panel_settings: bool,
-        level: str,
-        blocks_per_group: int,
-        tier: str,
-        disk_path: str,
-        prefetch_depth: int,
-        vram_budget: str,
-        headroom_gb: float = DEFAULT_HEADROOM_GB,
-        direct_io: bool = True,
-        verify: str = "first_read",
-        cpu_read: str = "auto",
-    ) -> io.NodeOutput:
-        if use_panel_settings:
-            policy = policy_from_panel(load_settings)
-        else:
-            policy = policy_from_inputs(
-                level=level,
-                blocks_per_group=blocks_per_group,
-                tier=tier,
-                disk_path=disk_path,
-                prefetch_depth=prefetch_depth,
-                vram_budget=vram_budget,
-                default_disk_path=default_disk_path(),
-                headroom_gb=headroom_gb,
-                direct_io=direct_io,
-                verify=verify,
-                cpu_read=cpu_read,
-            )
+    def execute(cls, clip: Any, use_panel_settings: bool, **widgets: Any) -> io.NodeOutput:
+        # The widgets are Ferry Offload Model's (the same names, defaults and checks).
+        policy = node_policy(use_panel_settings, **widgets)
         config = FerryConfig(policy, name=text_encoder_name(clip))
         patcher = ferry_clone(clip.patcher, config, TextEncoderPatcherMixin)
         if patcher is None:  # left to ComfyUI's dynamic VRAM; the log says why, with the flag
