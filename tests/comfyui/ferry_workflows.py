@@ -90,6 +90,20 @@ class Client:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"null")
 
+    def live(self) -> list[dict[str, Any]]:
+        """Ferry's live layouts in the server (its /ferry/stats)."""
+        return self.get("/ferry/stats")["offloads"]  # type: ignore[no-any-return]
+
+    def unload_models(self, within_s: float) -> None:
+        """ComfyUI's "Unload models", then waits up to ``within_s`` for no Ferry layout to be
+        left (the prompt worker frees between prompts, not the request)."""
+        assert self.post("/free", {"unload_models": True})[0] == 200
+        deadline = time.monotonic() + within_s
+        while self.live():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"still laid out {within_s} s after /free: {self.live()}")
+            time.sleep(0.1)
+
     def queue(self, g: dict[str, Any]) -> tuple[int, Any]:
         return self.post("/prompt", {"prompt": g, "client_id": self.client_id})
 

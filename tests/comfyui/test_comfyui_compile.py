@@ -7,7 +7,6 @@ after each sample: a second prompt compiles nothing."""
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import pytest
@@ -44,17 +43,6 @@ def run_ok(client: Client, server: Any, g: dict[str, Any]) -> torch.Tensor:
         f"{error_message(entry)}\n{server.log_tail()}"
     )
     return load_file(str(server.base / "output" / saved_latent_name(entry)))["latent_tensor"]
-
-
-def unload_all(client: Client) -> None:
-    """ComfyUI's "Unload models": the next Ferry prompt lays the model out again."""
-    assert client.post("/free", {"unload_models": True})[0] == 200
-    # The prompt worker frees between prompts: on a loaded 2-core machine that took over 10 s.
-    deadline = time.monotonic() + 120
-    while client.get("/ferry/stats")["offloads"]:
-        if time.monotonic() > deadline:
-            raise AssertionError("a Ferry layout is still live 120 s after /free")
-        time.sleep(0.2)
 
 
 def said(server: Any, text: str) -> int:
@@ -105,7 +93,8 @@ def test_torch_compile_model_with_ferry_equals_the_compiled_blocks(
     client: Client, server: Any, blocks_reference: dict[int, torch.Tensor], order: str, tier: str
 ) -> None:
     chain = ORDERS[order](tier)
-    unload_all(client)
+    # The prompt worker frees between prompts: on a loaded 2-core machine that took over 10 s.
+    client.unload_models(within_s=120)
     laid = said(server, "ferry: laid out")
     # The reference compiled the blocks resident; streamed, they reuse those graphs.
     graphs = dynamo_graphs(server)

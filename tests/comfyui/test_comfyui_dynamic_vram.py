@@ -80,16 +80,6 @@ def said(srv: Server, text: str) -> int:
     return srv.log.read_text(errors="replace").count(text)
 
 
-def unload_all(c: Client) -> None:
-    """ComfyUI's "Unload models" (done by its prompt worker): no Ferry layout is left."""
-    assert c.post("/free", {"unload_models": True})[0] == 200
-    for _ in range(100):
-        if not live(c):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"still laid out after /free: {live(c)}")
-
-
 def ferry_loader(name: str = MODEL_FILE, preset: str = "none", **kw: Any) -> tuple[str, dict]:
     inputs = {"unet_name": name, "quant_preset": preset, "cache": kw.pop("cache", False), **kw}
     return ("FerryLoadDiffusionModelQuantized", inputs)
@@ -232,7 +222,7 @@ def test_a_model_core_cannot_reload_is_left_to_core_and_said_once(
 ) -> None:
     c = Client(standin.url)
     loader = ("FerryTestLoaderWithoutReload", {"unet_name": MODEL_FILE})
-    unload_all(c)
+    c.unload_models(within_s=10)
     before = said(standin, "--disable-dynamic-vram")
     tracebacks = said(standin, "Traceback")
     for seed in (next(_seeds), next(_seeds)):

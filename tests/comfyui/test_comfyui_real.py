@@ -49,7 +49,7 @@ def lora_reference(client: Client, server: Any) -> torch.Tensor:
 
 
 def live(client: Client) -> list[dict[str, Any]]:
-    return client.get("/ferry/stats")["offloads"]
+    return client.live()
 
 
 def test_pack_loaded_from_a_hyphenated_folder(server: Any) -> None:
@@ -168,13 +168,7 @@ def reference_for(client: Client, server: Any, seed: int) -> torch.Tensor:
 def test_unloading_models_releases_ferry(client: Client, server: Any) -> None:
     run_ok(client, server, graph([ferry(tier="pinned")], "to-free"))
     assert len(live(client)) == 1
-    status, _ = client.post("/free", {"unload_models": True})
-    assert status == 200
-    for _ in range(50):  # /free is handled by the prompt worker, not the request
-        if not live(client):
-            break
-        time.sleep(0.1)
-    assert live(client) == []
+    client.unload_models(within_s=5)
 
 
 def test_comfyui_accounting_sees_ferrys_device_bytes(client: Client, server: Any) -> None:

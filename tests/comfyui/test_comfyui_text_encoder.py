@@ -16,7 +16,6 @@ The encoders are tiny random ones built by core's own classes and detected by co
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,10 +104,6 @@ def laid_out(srv: Server) -> int:
     return srv.log.read_text(errors="replace").count("ferry: laid out")
 
 
-def live(client: Client) -> list[dict[str, Any]]:
-    return client.get("/ferry/stats")["offloads"]
-
-
 def assert_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
     assert sorted(got) == sorted(want)
     for k in want:
@@ -151,7 +146,7 @@ def test_same_conditioning_with_ferry(
     )
     assert laid_out(server) > before, "Ferry Offload Text Encoder did not lay the encoder out"
     assert_equal(got, plain[case])
-    (o,) = live(client)  # the encoder stays loaded, offloaded, after the prompt
+    (o,) = client.live()  # the encoder stays loaded, offloaded, after the prompt
     assert o["name"].startswith("text encoder ") and o["tier"] == tier and o["level"] == level
     assert o["group_loads"] > 0 and o["bytes_moved"] > 0, o
     if level == "block":
@@ -175,19 +170,13 @@ def test_layout_kept_across_prompts_that_change_the_text(
     want = encode(client, server, te_graph("flux", "kept-plain", text=other))
     assert not torch.equal(want["0.context"], plain["flux"]["0.context"])  # the text mattered
     assert_equal(got, want)
-    assert live(client) == []  # the plain CLIP loading released Ferry's layout
+    assert client.live() == []  # the plain CLIP loading released Ferry's layout
 
 
 def test_unloading_models_releases_the_text_encoder(client: Client, server: Server) -> None:
     encode(client, server, te_graph("lumina2", "to-free", ferry_te(tier="pinned")))
-    assert len(live(client)) == 1
-    status, _ = client.post("/free", {"unload_models": True})
-    assert status == 200
-    for _ in range(50):  # /free is handled by the prompt worker, not the request
-        if not live(client):
-            break
-        time.sleep(0.1)
-    assert live(client) == []
+    assert len(client.live()) == 1
+    client.unload_models(within_s=5)
 
 
 @pytest.fixture(scope="module")
@@ -218,5 +207,5 @@ def test_under_dynamic_vram_the_delegate_encodes_through_ferry(
     got = encode(c, standin, te_graph("flux", "dyn-ferry", ferry_te(tier="disk")))
     assert laid_out(standin) == 1
     assert_equal(got, plain["flux"])
-    (o,) = live(c)
+    (o,) = c.live()
     assert o["group_loads"] >= o["groups"] == 28 and o["bytes_moved"] > 0, o
