@@ -57,6 +57,13 @@ class BlockCompile:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self.options = options
+        self._blocks: CompiledBlocks | None = None  # kept while the model and settings are
+
+    def _compiled_blocks(self, dm: Any, settings: CompileSettings) -> CompiledBlocks:
+        b = self._blocks
+        if b is None or b.model is not dm or b.settings != settings:
+            b = self._blocks = CompiledBlocks(dm, settings)
+        return b
 
     def settings(self) -> CompileSettings:
         kwargs = self.options.get(COMPILE_KWARGS) or {"backend": "inductor"}
@@ -69,7 +76,7 @@ class BlockCompile:
             handle = find_offload(dm)
             if handle is not None:
                 settings.check_streamed(handle.policy.level)
-            blocks = CompiledBlocks(dm, settings)
+            blocks = self._compiled_blocks(dm, settings)
         except ConfigError as e:
             raise as_node_error(e) from None
         before = compiled_graphs()

@@ -120,6 +120,7 @@ class CompiledBlocks:
 
     def __init__(self, model: nn.Module, settings: CompileSettings) -> None:
         settings.validate()
+        self.model = model
         self.blocks = repeated_blocks(model)
         if not self.blocks:
             raise ConfigError(
@@ -128,20 +129,24 @@ class CompiledBlocks:
                 "the whole model instead (without Ferry's offload)",
             )
         self.settings = settings
-        self._compiled: dict[int, Callable[..., Any]] = {}  # by block id, ours while applied
+        # By block id, made on the first apply and kept: wrapping a block in torch.compile
+        # costs about 3 ms (120 ms a step for 36 blocks on this CPU), and a host applies
+        # around every model call.
+        self._compiled: dict[int, Callable[..., Any]] = {}
 
     def apply(self) -> None:
-        kwargs = self.settings.kwargs()
         for b in self.blocks:
             if "forward" in b.__dict__:
                 continue
-            fn = torch.compile(b.forward, **kwargs)
+            fn = self._compiled.get(id(b))
+            if fn is None:
+                fn = torch.compile(b.forward, **self.settings.kwargs())
+                self._compiled[id(b)] = fn
             b.forward = fn  # type: ignore[method-assign]
-            self._compiled[id(b)] = fn
 
     def remove(self) -> None:
         for b in self.blocks:
-            fn = self._compiled.pop(id(b), None)
+            fn = self._compiled.get(id(b))
             if fn is not None and b.__dict__.get("forward") is fn:
                 del b.__dict__["forward"]
 
