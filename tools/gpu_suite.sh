@@ -67,8 +67,8 @@ run() {  # run NAME CMD...: tee the output to bench/results/<stamp>-NAME.txt
 
 if [ -z "$gpu" ]; then
   if [ "$part" = all ] || [ "$part" = tests ]; then
-    echo "== cpu part: $py -m pytest tests/test_gpu.py tests/test_stream_ordering.py"
-    "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_stream_ordering.py || status=$?
+    echo "== cpu part: $py -m pytest tests/test_gpu.py tests/test_gguf_gpu.py tests/test_stream_ordering.py tests/test_stream_backend.py"
+    "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_gguf_gpu.py tests/test_stream_ordering.py tests/test_stream_backend.py || status=$?
   fi
   if [ "$part" = all ] || [ "$part" = h2h ]; then
     echo "== h2h dry run: $py -m bench.h2h --steps 2 --fresh $*"
@@ -83,7 +83,7 @@ mkdir -p "$results"
 echo "gpu-suite: $gpu, python $py"
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 if [ "$part" = all ] || [ "$part" = tests ]; then
-  run gpu-tests "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_quant_gpu.py -k "not sanitizer" || status=1
+  run gpu-tests "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_quant_gpu.py tests/test_gguf_gpu.py -k "not sanitizer" || status=1
   # The CUDA Sanitizer run: the test launches the offloaded model under TORCH_CUDA_SANITIZER=1
   # and fails on any race the sanitizer reports.
   run cuda-sanitizer "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py -k sanitizer || status=1

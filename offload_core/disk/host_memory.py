@@ -27,6 +27,7 @@ one-off probe: 0.99 GB/s against 1.19 for pages first touched by the read).
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 
 import torch
 
@@ -36,12 +37,22 @@ from .files import files
 HUGE_PAGE = 2 << 20
 
 
-def host_buffer(nbytes: int) -> torch.Tensor:
+def host_buffer(nbytes: int, mapping: Callable[[int], mmap.mmap] | None = None) -> torch.Tensor:
     """A uint8 CPU tensor of ``nbytes`` starting on a page boundary (on a huge page where
-    the OS allows), its memory freed when the last view of it is."""
+    the OS allows), its memory freed when the last view of it is.
+
+    ``mapping(length)``: the buffer is always an anonymous private mapping made by it (an
+    ``mmap.mmap`` subclass whose ``__del__`` runs before the memory is unmapped: the CUDA
+    backend unregisters pinned memory there)."""
     if nbytes >= HUGE_PAGE and huge_pages_advisable():
-        return _huge_page_buffer(nbytes)
+        return _huge_page_buffer(nbytes, mapping or _private_mapping)
+    if mapping is not None:
+        return torch.frombuffer(mapping(max(nbytes, 1)), dtype=torch.uint8)[:nbytes]
     return _page_aligned(nbytes)
+
+
+def _private_mapping(length: int) -> mmap.mmap:
+    return mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE)
 
 
 def huge_pages_advisable() -> bool:
@@ -56,12 +67,12 @@ def _page_aligned(nbytes: int) -> torch.Tensor:
     return raw[skip : skip + nbytes]
 
 
-def _huge_page_buffer(nbytes: int) -> torch.Tensor:
+def _huge_page_buffer(nbytes: int, make: Callable[[int], mmap.mmap]) -> torch.Tensor:
     # One huge page of slack, so the buffer can start on a huge-page boundary on kernels
     # that do not align large anonymous mappings themselves (before 6.7); never touched.
     length = nbytes + HUGE_PAGE
     # Private: transparent huge pages back private anonymous memory (shared takes shmem's).
-    mapping = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE)
+    mapping = make(length)
     whole = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps ``mapping`` alive
     skip = (-whole.data_ptr()) % HUGE_PAGE
     files().advise_huge(mapping, skip, nbytes + (-nbytes) % PAGE)

@@ -129,10 +129,10 @@ class Transfers:
             compute = b.compute_stream()
             pair = b.timing_pair()
             if pair is not None:
-                compute.record_event(pair[0])
+                pair[0].record(compute)
             b.wait(compute, event)
             if pair is not None:
-                compute.record_event(pair[1])
+                pair[1].record(compute)
                 self.timings.timed("stall", pair)
         self.counters.add(stall_s=waited, group_loads=1)
 
@@ -165,11 +165,11 @@ class Transfers:
             pair = b.timing_pair()
             t0 = time.perf_counter()
             if pair is not None:
-                stream.record_event(pair[0])
+                pair[0].record(stream)
             b.copy(slot.buf[:nbytes], src[:nbytes])
             ready = b.record(stream)
             if pair is not None:
-                stream.record_event(pair[1])
+                pair[1].record(stream)
                 self.timings.timed("h2d", pair)
                 self.counters.add(bytes_h2d=nbytes)
             else:

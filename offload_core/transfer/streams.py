@@ -1,4 +1,20 @@
-"""The CUDA (ROCm reports "cuda" too) and XPU backend: a side copy stream and real events."""
+"""The CUDA (ROCm reports "cuda" too) and XPU backend: a side copy stream and real events.
+
+[Note: one family of events]
+Every event Ferry records or waits on is a generic ``torch.Event``, recorded with
+``event.record(stream)`` and waited on with ``event.wait(stream)``; no ``stream.record_event()``
+or ``stream.wait_event(event)`` on the hot path. PyTorch has two families that mix silently:
+``torch.cuda.Stream.record_event()`` returns a ``torch.cuda.Event``, whose recorded CUDA event
+lives in a field of its own (``THCPEvent::cuda_event``), while the generic
+``torch.Stream.wait_event(e)`` (what ``torch.accelerator.current_stream()`` returns: the compute
+stream) waits on the base ``THPEvent::event``, which a ``torch.cuda.Event`` never records, so
+the wait is a no-op (torch/csrc/Stream.cpp, ``THPStream_wait_event``). That was Ferry's wait 1
+until the first GPU run (an H200): the compute stream never waited for a copy, and a copy
+slower than the compute (a large group from pinned RAM or the disk; tests/test_gpu.py's slowed
+copies) gave wrong output, while plain RAM hid it (a copy from pageable memory returns when its
+bytes are staged). A generic event takes either family's stream: both keep the stream's id,
+device and type in the base ``THPStream`` that ``Event.record`` and ``Event.wait`` read.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..disk.host_memory import host_buffer
+from .pinned import PinnedHost
 
 T = TypeVar("T")
 
@@ -23,6 +40,7 @@ class StreamBackend:
             device = torch.device(device.type, torch.accelerator.current_device_index())
         self.device = device
         self.can_pin = True
+        self.pinned = PinnedHost()  # [Note: pinned memory is unregistered before it is unmapped]
         self._copy_stream: torch.Stream | None = None
 
     def compute_stream(self) -> torch.Stream:
@@ -44,10 +62,13 @@ class StreamBackend:
         return _stream_context(stream)
 
     def record(self, stream: Any) -> torch.Event:
-        return stream.record_event()
+        # [Note: one family of events]
+        event = torch.Event(self.device)
+        event.record(stream)
+        return event
 
     def wait(self, stream: Any, event: Any) -> None:
-        stream.wait_event(event)
+        event.wait(stream)  # [Note: one family of events]
 
     def host_wait(self, event: Any) -> None:
         event.synchronize()
@@ -59,25 +80,17 @@ class StreamBackend:
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def empty_host(self, nbytes: int, pinned: bool) -> torch.Tensor:
-        buf = host_buffer(nbytes)
-        if pinned and nbytes:
-            if self.device.type == "cuda":
-                # Register the exact allocation: the caching host allocator would round a
-                # pinned slab up to the next power of two, up to 2x the RAM.
-                err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
-                code = int(getattr(err, "value", err))
-                if code != 0:
-                    raise RuntimeError(
-                        f"pinning {nbytes} bytes failed (CUDA error {code}); "
-                        "set tier to 'ram' where pinned memory is capped"
-                    )
-            else:
-                buf = buf.pin_memory()
-        return buf
+        if not (pinned and nbytes):
+            return host_buffer(nbytes)
+        if self.device.type == "cuda":
+            # Registered exactly: the caching host allocator would round a pinned slab up to
+            # the next power of two, up to 2x the RAM.
+            return self.pinned.buffer(nbytes)
+        return host_buffer(nbytes).pin_memory()
 
     def release_host(self, buf: torch.Tensor) -> None:
-        if self.device.type == "cuda" and buf.numel() and buf.is_pinned():
-            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+        if self.device.type == "cuda":
+            self.pinned.release(buf)
 
     def host_fill(self, dst: torch.Tensor, fill: Callable[[], T]) -> T:
         """The host (a reader thread) writes ``dst``; the test backend reports it."""
