@@ -154,6 +154,10 @@ class SanitizerBackend:
         return self._track(torch.empty(nbytes, dtype=torch.uint8))
 
     def release_host(self, buf: torch.Tensor) -> None:
+        # The memory goes back (to the OS, or unpinned): from here anyone may write it, so a
+        # release is a host write, and a copy still reading the buffer races with it.
+        if buf.numel():
+            self.kernel(self.host, set(), {_span(buf)}, "release")
         # Its memory may come back in another allocation: no longer this buffer's cells.
         start = buf.data_ptr()
         with self.lock:

@@ -86,6 +86,18 @@ def test_checker_has_teeth(monkeypatch, tmp_path, drop, tier, depth):
     assert backend.errors, f"removing {drop} went unnoticed"
 
 
+@pytest.mark.parametrize("tier", ["pinned", "disk"])
+def test_remove_waits_for_the_copies_it_dropped(monkeypatch, tmp_path, tier):
+    """After a forward the next forward's first groups are already being copied in;
+    remove() drops them, and their host buffers (slabs, staging) are released next. Without
+    ``Transfers.settle`` the release (a host write: the memory goes back) races the copy."""
+    backend, ref, outs = _run(monkeypatch, tmp_path, tier, 2)
+    assert backend.errors == [] and all(torch.equal(o, ref) for o in outs)
+    monkeypatch.setattr(Transfers, "settle", lambda self: None)
+    backend, _, _ = _run(monkeypatch, tmp_path / "unsettled", tier, 2)
+    assert backend.errors, "a release under an unfinished copy went unnoticed"
+
+
 def _count_overlaps(monkeypatch) -> list[int]:
     """How many released regions' events each copy into the ring waits on (wait 2)."""
     seen: list[int] = []

@@ -203,6 +203,7 @@ class Engine:
     def quiesce(self) -> None:
         """Nothing in flight, every tensor on its host form."""
         self._abort()
+        self.transfers.settle()  # dropped loads' copies too: their host buffers go next
         self.transfers.flush_timings()
 
     def uninstall(self) -> None:

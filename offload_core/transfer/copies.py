@@ -200,6 +200,13 @@ class Transfers:
         b = self.backend
         self.timings.flush(lambda: b.host_wait(b.record(b.compute_stream())))
 
+    def settle(self) -> None:
+        """The host waits until every copy issued so far is done: a dropped prefetch's copy
+        may still be reading a host slab or a staging buffer that is released next."""
+        b = self.backend
+        if not b.synchronous and (self.ring is not None or self.stagings):
+            b.host_wait(b.record(b.copy_stream()))
+
     def close(self) -> None:
         """After the engine is quiet: the reader's threads joined, buffers released."""
         self.reader.close()
