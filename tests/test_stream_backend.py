@@ -76,6 +76,9 @@ def test_a_released_buffer_is_unregistered_by_its_own_pointer(
     backend = StreamBackend(torch.device("cuda", 0))  # no CUDA call: the index is given
     buf = backend.empty_host(nbytes, pinned=True)
     assert buf.numel() == nbytes and buf.data_ptr() % 4096 == 0
+    # is_pinned() (ComfyUI's guard before it registers a weight) asks about the storage's
+    # first byte: it must be the registered one.
+    assert buf.untyped_storage().data_ptr() == buf.data_ptr()
     buf.fill_(7)  # real memory, writable end to end
     assert cudart.live == {buf.data_ptr(): nbytes}
     backend.release_host(buf)

@@ -47,7 +47,7 @@ def host_buffer(nbytes: int, mapping: Callable[[int], mmap.mmap] | None = None) 
     if nbytes >= HUGE_PAGE and huge_pages_advisable():
         return _huge_page_buffer(nbytes, mapping or _private_mapping)
     if mapping is not None:
-        return torch.frombuffer(mapping(max(nbytes, 1)), dtype=torch.uint8)[:nbytes]
+        return torch.frombuffer(mapping(max(nbytes, 1)), dtype=torch.uint8, count=nbytes)
     return _page_aligned(nbytes)
 
 
@@ -73,7 +73,10 @@ def _huge_page_buffer(nbytes: int, make: Callable[[int], mmap.mmap]) -> torch.Te
     length = nbytes + HUGE_PAGE
     # Private: transparent huge pages back private anonymous memory (shared takes shmem's).
     mapping = make(length)
-    whole = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps ``mapping`` alive
-    skip = (-whole.data_ptr()) % HUGE_PAGE
+    skip = (-torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()) % HUGE_PAGE
     files().advise_huge(mapping, skip, nbytes + (-nbytes) % PAGE)
-    return whole[skip : skip + nbytes]
+    # Its own storage from ``skip`` on (not a view of the whole mapping), so the storage
+    # starts where the buffer does: ``Tensor.is_pinned()`` asks about the storage's first
+    # byte ([Note: pinned memory is unregistered before it is unmapped]). It keeps
+    # ``mapping`` alive.
+    return torch.frombuffer(mapping, dtype=torch.uint8, offset=skip, count=nbytes)

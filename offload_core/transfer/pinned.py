@@ -12,7 +12,12 @@ the stale range's end. So:
   the mapping is unmapped: a buffer dropped without ``release_host`` is unregistered too;
 - ``release_host`` unregisters by the pointer that was registered (kept here), never by
   ``Tensor.is_pinned()``: that asks about the storage's first byte, and a page-aligned view
-  starts after it, so it answers False for memory that is registered.
+  of a larger allocation starts after it, so it answered False for memory that was
+  registered (the buffers were such views until the first GPU run).
+- each buffer's storage starts at the registered pointer (disk/host_memory.py), so
+  ``is_pinned()`` is True for it and every view of it: ComfyUI's ``pin_memory`` checks that
+  before it registers a weight itself, since registering a range twice fails and "queues an
+  error on the GPU async" (its comment, v0.33) that a later, unrelated call then reports.
 Unregistering waits for nothing: whoever releases a buffer has waited for its last copy.
 """
 
