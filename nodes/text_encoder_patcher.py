@@ -17,8 +17,16 @@ from typing import Any
 
 import torch
 
+from ..offload_core.sources.checkpoint_stream import CheckpointWeights
+from ..seam.passes import mark_passes
 from ..seam.patcher_class import keep_ferry_class
 from .patcher import FerryPatcherMixin
+
+#: The methods through which ComfyUI runs a text encoder (comfy/sd.py, CLIP.encode_from_tokens
+#: and encode_from_tokens_scheduled, on every core Ferry supports): each call is one pass.
+#: Not ``generate`` (v0.33's LLM encoders): it runs the decoder once per new token, many
+#: passes that one mark would fold into one; unmarked, it runs as before.
+ENTRY_METHODS = ("encode_token_weights",)
 
 
 class TextEncoderPatcherMixin(FerryPatcherMixin):
@@ -28,6 +36,10 @@ class TextEncoderPatcherMixin(FerryPatcherMixin):
 
     def _ferry_outside_modules(self) -> list[torch.nn.Module]:
         return []  # the patcher's model is the network: nothing lies outside it
+
+    def _ferry_prepare(self, device_to: torch.device) -> CheckpointWeights | None:
+        mark_passes(self.model, ENTRY_METHODS)
+        return super()._ferry_prepare(device_to)
 
     def clone(self, *args: Any, **kwargs: Any) -> Any:
         # A pack's clone that sets its own class back (ComfyUI-GGUF's CLIP patcher does) gets

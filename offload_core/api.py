@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -82,6 +84,16 @@ class OffloadHandle:
             disk_folder=str(self._placement.store.folder) if self._placement.store else None,
             notes=list(self.plan.notes) + self._placement.notes,
         )
+
+    @contextlib.contextmanager
+    def one_pass(self) -> Iterator[None]:
+        """Marks one pass of the model, for a host that calls its parts and never its root
+        (a text encoder's encoders): [Note: a pass the host marks] in runtime/engine.py."""
+        if self._engine is None:
+            yield
+            return
+        with self._engine.one_pass():
+            yield
 
     def remove(self) -> None:
         """Puts every parameter back where and as it was and deletes the files Ferry wrote."""

@@ -129,3 +129,28 @@ def test_encoders_called_one_by_one_give_the_same_embeddings(
     assert b.release() is True and oc.live_offloads() == []
     after = te.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_each_encode_is_one_pass_of_the_layout(tmp_path: Path) -> None:
+    """[Note: a pass the host marks]: core calls ``encode_token_weights``, never the text
+    encoder's forward; marked, each call is one pass (traced, predicted, counted) and gives its
+    last group's slot back, with the same embeddings."""
+    passes = importlib.import_module(f"{PACK_NAME}.seam.passes")
+    entry = ("encode_token_weights",)  # nodes/text_encoder_patcher.py ENTRY_METHODS
+    te = FluxLikeClip()
+    te.encode_token_weights = te.encode  # type: ignore[method-assign]  # core's entry method
+    ref = te.encode(TOKENS)
+    passes.mark_passes(te, entry)
+    passes.mark_passes(te, entry)  # once per encoder: a second mark wraps nothing
+    assert all(torch.equal(g, r) for g, r in zip(te.encode_token_weights(TOKENS), ref))  # no layout
+    b = OffloadBinding.of(te, te)
+    assert b.ensure(
+        cfg("disk", blocks_per_group=1, disk_path=str(tmp_path)), "cpu", None, lambda: None
+    )
+    outs = [te.encode_token_weights(TOKENS) for _ in range(3)]
+    stats, engine = b.handle.stats(), b.handle._engine
+    assert engine.current is None, "the last group's slot is given back after each encode"
+    assert b.release() is True
+    assert all(torch.equal(g, r) for out in outs for g, r in zip(out, ref, strict=True))
+    assert stats.forwards == 3
+    assert stats.group_loads == 3 * stats.groups and stats.on_demand_loads <= 1

@@ -9,9 +9,10 @@ The engine glues three parts together and holds no policy of its own:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,9 @@ class Engine:
         self.current: Load | None = None
         self.never_ran: list[str] = []
         self._hooks: list[Any] = []
+        #: How deep in passes the host marked (``one_pass``); while > 0 the root's own
+        #: hooks do nothing ([Note: a pass the host marks]).
+        self._marked = 0
 
     # -- hooks ----------------------------------------------------------------------------
     def install(self) -> None:
@@ -100,16 +104,53 @@ class Engine:
         return pre_hook
 
     def _root_pre(self, module: nn.Module, args: Any) -> None:
+        if not self._marked:
+            self._begin_pass()
+
+    def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._marked:
+            return
+        if sys.exc_info()[0] is not None:
+            self._abort()
+            return
+        self._end_pass()
+
+    @contextlib.contextmanager
+    def one_pass(self) -> Iterator[None]:
+        """[Note: a pass the host marks]
+        A pass (what the schedule traces, predicts and counts as one forward) is the root's
+        forward, seen by its hooks. Some hosts never call the root: ComfyUI encodes a prompt
+        with ``cond_stage_model.encode_token_weights``, which calls each encoder (CLIP-L, then
+        T5) but not the CLIP model around them. Without a pass the schedule never traces an
+        order (it assumes the module order), nothing counts, and the last group stays in its
+        slot until the next encode. Such a host marks the pass around its call; inside it the
+        root's own hooks do nothing, and a pass marked inside another is part of it."""
+        if self._marked:
+            self._marked += 1
+            try:
+                yield
+            finally:
+                self._marked -= 1
+            return
+        self._begin_pass()
+        self._marked = 1
+        try:
+            yield
+        except BaseException:
+            self._marked = 0
+            self._abort()
+            raise
+        self._marked = 0
+        self._end_pass()
+
+    def _begin_pass(self) -> None:
         if self.schedule.phase is Phase.IN_FORWARD:
             # The previous forward never reached its end (KeyboardInterrupt skips hooks).
             self._abort()
         self._release_current()
         self._start(self.schedule.begin_forward())
 
-    def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if sys.exc_info()[0] is not None:
-            self._abort()
-            return
+    def _end_pass(self) -> None:
         self._release_current()
         self.counters.add(forwards=1)
         self.counters.sample_rss()
