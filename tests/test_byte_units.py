@@ -25,6 +25,8 @@ import itertools
 import re
 from pathlib import Path
 
+from tests.source_scan import docstring_ids
+
 REPO = Path(__file__).resolve().parents[1]
 SCANNED = ["offload_core", "nodes", "web", "webui", "bench", "scripts", "tools", "seam"]
 UNITS = REPO / "offload_core" / "units.py"
@@ -113,18 +115,6 @@ def unit_uses(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    bodies = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    return {
-        id(n.body[0].value)
-        for n in ast.walk(tree)
-        if isinstance(n, bodies)
-        and n.body
-        and isinstance(n.body[0], ast.Expr)
-        and isinstance(n.body[0].value, ast.Constant)
-    }
-
-
 def gb_shown(path: Path) -> list[tuple[int, str]]:
     """Each string in ``path`` a user reads that writes a memory amount's unit as "GB"."""
     src = path.read_text(encoding="utf-8")
@@ -137,7 +127,7 @@ def gb_shown(path: Path) -> list[tuple[int, str]]:
             if GB_WORD.search(m.group(2))
         ]
     tree = ast.parse(src, str(path))
-    docs = _docstrings(tree)
+    docs = docstring_ids(tree)
     return [
         (n.lineno, n.value)
         for n in ast.walk(tree)
