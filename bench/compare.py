@@ -119,7 +119,7 @@ def suite(name: str, device: torch.device) -> list[Run]:
             3,
         ),
         Run(
-            "Ferry's demo DiT, 1 GB fp32, 256 image + 32 text tokens",
+            "Ferry's demo DiT, about 0.93 GiB fp32, 256 image + 32 text tokens",
             models.ModelSpec("dit", "fp32", size_gb=1.0),
             models.InputSpec(256, 32),
             tuple(m for m in mset if m != "ferry-block-disk-ckpt"),
@@ -241,7 +241,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=None, help="flux: double blocks")
     p.add_argument("--single-layers", type=int, default=None, help="flux: single blocks")
     p.add_argument("--heads", type=int, default=None, help="flux: heads (x128 = width)")
-    p.add_argument("--size-gb", type=float, default=1.0, help="dit: model size")
+    p.add_argument(
+        "--size-gb",
+        type=float,
+        default=1.0,
+        help="dit: model size in the demo factory's decimal unit (1.0: about 0.93 GiB)",
+    )
     p.add_argument("--dtype", choices=sorted(models.DTYPES), default=None)
     p.add_argument("--modes", default=None, help="comma-separated; default: all for the device")
     p.add_argument("--forwards", type=int, default=None, help="timed forwards per mode")

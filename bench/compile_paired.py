@@ -38,7 +38,8 @@ from offload_core import (
     RamTier,
     apply_offload,
 )
-from offload_core.model.demo import build_demo_model, demo_inputs
+from offload_core.model.demo import DECIMAL_GB, build_demo_model, demo_inputs
+from offload_core.units import fmt_bytes
 
 MODES = ("eager resident", "compiled resident", "eager Ferry", "compiled Ferry")
 
@@ -131,7 +132,12 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--size-gb", type=float, default=0.1, help="demo DiT weights, GB")
+    p.add_argument(
+        "--size-gb",
+        type=float,
+        default=0.1,
+        help="demo DiT weights in the demo factory's decimal unit (0.1: about 0.09 GiB)",
+    )
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--tokens", type=int, default=256, help="image tokens per forward")
     p.add_argument("--rounds", type=int, default=5)
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report.machine_line(m, threads=True))
     print(
-        f"demo DiT {args.size_gb} GB {args.dtype} on {args.device}, {args.tokens} tokens, {result['groups']} "
+        f"demo DiT of about {fmt_bytes(args.size_gb * DECIMAL_GB)} {args.dtype} on {args.device}, {args.tokens} tokens, {result['groups']} "
         f"groups, Ferry block level x{args.blocks_per_group}, tier {args.tier}"
         f"{' (' + args.cpu_read + ')' if args.tier == 'disk' else ''}, {args.rounds} rounds, "
         f"inductor caches {'warm' if args.warm_cache else 'off'} for the first step; load "

@@ -49,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--caps",
         default="12,24",
-        help="VRAM caps in GB (GiB, as cards are sold); CPU: one tiny cap",
+        help="VRAM caps in GiB, as cards are sold; CPU: one tiny cap",
     )
     p.add_argument("--rows", default=",".join(ALL_ROWS))
     p.add_argument("--steps", type=int, default=4)

@@ -161,6 +161,6 @@ RAM_CACHE_HELP = (
     "Ferry Offload Model: ComfyUI's RAM-pressure cache (its default) keeps {1} of RAM free and "
     "{0} is available now, so after each node it drops cached models, this one included: the "
     "next prompt loads the model and Ferry lays it out again. To keep it, use Ferry's disk tier "
-    "(the least RAM), or start ComfyUI with --cache-ram followed by a headroom in GB below "
+    "(the least RAM), or start ComfyUI with --cache-ram followed by a headroom in GiB below "
     "what is free (e.g. --cache-ram 1), or with --cache-classic."
 )

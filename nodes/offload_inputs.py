@@ -74,7 +74,7 @@ def memory_inputs() -> list[io.Input]:
             "vram_budget",
             default="auto",
             tooltip="VRAM Ferry may use for weights: 'auto' keeps as many groups "
-            "resident as fit; a number of GB (e.g. 6); empty (or 0) streams every group "
+            "resident as fit; a number of GiB (e.g. 6); empty (or 0) streams every group "
             "(least VRAM).",
         ),
     ]
@@ -88,7 +88,7 @@ def advanced_inputs() -> list[io.Input]:
         io.Float.Input(
             "headroom_gb", default=DEFAULT_HEADROOM_GB, min=0.0, max=1024.0, step=0.25,
             optional=True, tooltip="With vram_budget 'auto': VRAM left free for activations "
-            "and the VAE.",
+            "and the VAE, in GiB (the name's 'gb', as every memory amount in Ferry).",
         ),
         io.Boolean.Input(
             "direct_io", default=disk.direct_io, optional=True,

@@ -34,7 +34,7 @@ from comfy.patcher_extension import CallbacksMP, WrappersMP
 from ..offload_core import ApiUseError, ConfigError
 from ..offload_core.model.layout import module_nbytes
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
-from ..seam.patcher_class import keep_ferry_class, with_ferry
+from ..seam.patcher_class import FerryClones, with_ferry
 from . import comfy_core
 from . import compile as block_compile
 from .binding import OffloadBinding
@@ -49,9 +49,10 @@ from .stream_loader import is_lazy, materialize, stream_weights
 log = logging.getLogger("ferry")
 
 
-class FerryPatcherMixin(HeldByFerry):
+class FerryPatcherMixin(FerryClones, HeldByFerry):
     """Put in front of the input MODEL's own patcher class (see ``ferry_patcher_class``)."""
 
+    ferry_shared = ("ferry_config",)
     ferry_config: FerryConfig | None = None
     _ferry_collected = False
 
@@ -146,8 +147,7 @@ class FerryPatcherMixin(HeldByFerry):
 
     # -- ModelPatcher verbs ----------------------------------------------------------------
     def clone(self, *args: Any, **kwargs: Any) -> Any:
-        n = keep_ferry_class(super().clone(*args, **kwargs), FerryPatcherMixin)  # type: ignore[misc]
-        n.ferry_config = self.ferry_config
+        n = super().clone(*args, **kwargs)
         # Newer cores give a clone ``self.model_size()`` as its size, which for a Ferry patcher
         # is Ferry's device footprint, not the model's: keep the model's.
         if hasattr(self, "size"):
@@ -159,11 +159,9 @@ class FerryPatcherMixin(HeldByFerry):
         wrapper = block_compile.in_place_of(self, wrapper_type, key, wrapper)
         super().add_wrapper_with_key(wrapper_type, key, wrapper)  # type: ignore[misc]
 
-    def is_clone(self, other: Any) -> bool:
-        # load_models_gpu asks the patcher it is about to load; see seam/layout.py's Note.
+    def _ferry_mark_loading(self) -> None:
         if self._ferry_network_of(self.model) is not None:
             self._ferry_binding().mark_loading(self.ferry_config)
-        return super().is_clone(other)  # type: ignore[misc]
 
     def model_size(self) -> int:
         cfg = self.ferry_config

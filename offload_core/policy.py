@@ -235,11 +235,11 @@ DEFAULT_HEADROOM_GB = 2.0
 #: A plain decimal number of GB, optionally followed by "GB". Deliberately not float()'s
 #: grammar: float() also takes "1e3", "inf", "nan" and "1_0", which nobody means in a GB box
 #: and which would otherwise each need their own rejection.
-_GB_TEXT = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(?:gb)?")
+_GB_TEXT = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(?:gib|gb)?")
 #: Texts that mean "no budget": stream every group.
 _NO_BUDGET = ("", "none", "off")
 _BUDGET_HELP = (
-    "type a number of GB above 0 (e.g. 6 or 7.5), 'auto' to use the VRAM that is free, "
+    "type a number of GiB above 0 (e.g. 6 or 7.5), 'auto' to use the VRAM that is free, "
     "or leave it empty to stream every group"
 )
 
@@ -309,7 +309,7 @@ def parse_gib(setting: str, value: Any, help_text: str) -> int | None:
         raise ConfigError(setting, f"{value!r} is not a budget; {help_text}")
     n = int(gb * GIB)
     if n == 0 and gb > 0:
-        raise ConfigError(setting, f"{value!r} GB is less than one byte; {help_text}")
+        raise ConfigError(setting, f"{value!r} GiB is less than one byte; {help_text}")
     return None if n == 0 else n
 
 
@@ -349,7 +349,7 @@ def parse_headroom(value: Any) -> int:
         or not math.isfinite(value)
         or value < 0
     ):
-        raise ConfigError("headroom_gb", f"must be a number of GB >= 0, got {value!r}")
+        raise ConfigError("headroom_gb", f"must be a number of GiB >= 0, got {value!r}")
     return int(value * GIB)
 
 

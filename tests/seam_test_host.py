@@ -42,9 +42,10 @@ class TinyHostLayout(seam_layout.LiveLayout):  # type: ignore[name-defined,misc]
         self.events.append("released")
 
 
-class FerryVerbs:
+class FerryVerbs(seam_class.FerryClones):  # type: ignore[name-defined,misc]
     """Put in front of the host's patcher class: its loading verbs go through the seam."""
 
+    ferry_shared = ("ferry_offload",)
     ferry_offload: Any = None
     model: Any
     device: torch.device
@@ -52,14 +53,8 @@ class FerryVerbs:
     def ferry_layout(self) -> Any:
         return TinyHostLayout.of(self.model)
 
-    def clone(self) -> Any:
-        n = seam_class.keep_ferry_class(super().clone(), FerryVerbs)  # type: ignore[misc]
-        n.ferry_offload = self.ferry_offload
-        return n
-
-    def is_clone(self, other: Any) -> bool:
+    def _ferry_mark_loading(self) -> None:
         self.ferry_layout().mark_loading(self.ferry_offload)  # [Note: why a "loading" mark]
-        return bool(super().is_clone(other))  # type: ignore[misc]
 
     def load(self) -> None:
         layout = self.ferry_layout()

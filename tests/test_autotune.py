@@ -50,7 +50,7 @@ def test_cli_table_and_recommendation_is_fastest_plan_within_budget(
     assert len(rows) >= 5
     assert any(r["plan"].endswith("disk, prefetch 1") for r in rows)
     for r in rows:
-        vram = float(r["peak VRAM GB"])
+        vram = float(r["peak VRAM GiB"])
         # The printed fits column agrees with the printed numbers (4 decimals of GB).
         if abs(vram - budget_gb) > 1e-4:
             assert (r["fits"] == "yes") == (vram <= budget_gb), r

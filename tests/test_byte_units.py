@@ -1,7 +1,11 @@
 """Units as offload_core/units.py names them, checked in the source: a memory amount a user
 sees is formatted by ``units.fmt_bytes`` (B, KiB, MiB, GiB, TiB), a rate is in GB/s. Read
-with ``ast``, so a new byte formatter, a module's own GB constant or a decimal GB of memory
-fails here:
+with ``ast``, so a new byte formatter, a module's own GB constant, a decimal GB of memory or
+a "GB" a user reads fails here:
+
+- a string a user can read (a widget's label or info, a node's tooltip, an error, a table's
+  column, a command line's help: every string constant but a docstring, and every string in
+  the browser's JavaScript) that writes "GB" other than "GB/s": memory is written "GiB";
 
 - an f-string that divides (or shifts) a number and writes a byte unit after it, other than
   a rate's "GB/s", is a byte formatter of its own;
@@ -21,6 +25,8 @@ import itertools
 import re
 from pathlib import Path
 
+from tests.source_scan import docstring_ids
+
 REPO = Path(__file__).resolve().parents[1]
 SCANNED = ["offload_core", "nodes", "web", "webui", "bench", "scripts", "tools", "seam"]
 UNITS = REPO / "offload_core" / "units.py"
@@ -35,6 +41,12 @@ KNOWN = {
     # 0.01 bf16: 18 -> 20 double blocks; 0.05: width 128 -> 256).
     ("offload_core/model/demo.py", "decimal GB 1e9"),
 }
+
+
+#: "GB" as a word, not a rate's "GB/s" nor part of a name (``vram_budget_gb``, ``--size-gb``).
+GB_WORD = re.compile(r"(?<![\w/.-])GB\b(?!/s)")
+#: A JavaScript line's strings (quoted or template), its comments left out.
+JS_STRING = re.compile(r"""(["'`])((?:\\.|(?!\1).)*)\1""")
 
 
 def _files() -> list[Path]:
@@ -103,6 +115,29 @@ def unit_uses(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def gb_shown(path: Path) -> list[tuple[int, str]]:
+    """Each string in ``path`` a user reads that writes a memory amount's unit as "GB"."""
+    src = path.read_text(encoding="utf-8")
+    if path.suffix == ".js":
+        return [
+            (i, m.group(2))
+            for i, line in enumerate(src.splitlines(), 1)
+            if not line.lstrip().startswith("//")
+            for m in JS_STRING.finditer(line)
+            if GB_WORD.search(m.group(2))
+        ]
+    tree = ast.parse(src, str(path))
+    docs = docstring_ids(tree)
+    return [
+        (n.lineno, n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and id(n) not in docs
+        and GB_WORD.search(n.value)
+    ]
+
+
 def test_the_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text(
@@ -138,4 +173,39 @@ def test_every_byte_amount_goes_through_units() -> None:
     ]
     assert not wrong, (
         "format bytes with units.fmt_bytes, rates in GB/s with units.GB:\n" + "\n".join(wrong)
+    )
+
+
+def test_the_label_scan_finds_a_gb_a_user_reads(tmp_path: Path) -> None:
+    shown = tmp_path / "view.py"
+    shown.write_text(
+        '"""A docstring may say what a GB was."""\n'
+        "import gradio as gr\n"
+        "def view():\n"
+        '    gr.Textbox(label="VRAM budget (GB)", elem_id="vram_budget_gb")\n'
+        '    gr.Number(label="Headroom (GiB)", info="read at 3.1 GB/s")\n'
+        '    raise ValueError(f"{7} GB is less than one byte")\n'
+        "TOOLTIP = 'a number of GB (e.g. 6)'\n"
+        "FLAG = '--size-gb'\n"
+    )
+    assert sorted(line for line, _ in gb_shown(shown)) == [4, 6, 7]
+    js = tmp_path / "panel.js"
+    js.write_text(
+        "// a comment may say GB\n"
+        "el.title = `peak VRAM ${n} GB`;\n"
+        'rate.textContent = `${g} GB/s`; size.textContent = "3 GiB";\n'
+    )
+    assert [line for line, _ in gb_shown(js)] == [2]
+
+
+def test_no_gb_a_user_reads() -> None:
+    """Every label, tooltip, message and column a user reads writes memory in GiB."""
+    js = sorted((REPO / "web").rglob("*.js"))
+    wrong = [
+        f"{p.relative_to(REPO)}:{line}: {text!r}"
+        for p in [*_files(), *js]
+        for line, text in gb_shown(p)
+    ]
+    assert not wrong, "write a memory amount in GiB (units.py), a rate in GB/s:\n" + "\n".join(
+        wrong
     )

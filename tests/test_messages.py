@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from tests.conftest import PACK_NAME, load_pack
+from tests.source_scan import docstring_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 # A name called: "remove()", "handle.remove()", "find_offload(model", "torch.device('meta')";
@@ -43,22 +44,10 @@ def python_call(text: str) -> str | None:
     return m.group(0) if m and " " in text else None  # a message has words; a key has none
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    kinds = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    return {
-        id(n.body[0].value)
-        for n in ast.walk(tree)
-        if isinstance(n, kinds)
-        and n.body
-        and isinstance(n.body[0], ast.Expr)
-        and isinstance(n.body[0].value, ast.Constant)
-    }
-
-
 def python_strings(path: Path) -> list[tuple[int, str, ast.AST | None]]:
     """(line, text, the call it is an argument of) for every string but docstrings."""
     tree = ast.parse(path.read_text())
-    docs, parent = _docstrings(tree), {}
+    docs, parent = docstring_ids(tree), {}
     for n in ast.walk(tree):
         for child in ast.iter_child_nodes(n):
             parent[id(child)] = n

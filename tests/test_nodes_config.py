@@ -41,7 +41,8 @@ def test_good_widgets_make_the_policy() -> None:
         ("none", None),
         ("0", None),
         ("6", 6 << 30),
-        ("7.5 GB", int(7.5 * (1 << 30))),
+        ("7.5 GB", int(7.5 * (1 << 30))),  # typed before the labels said GiB: the same bytes
+        ("7.5 GiB", int(7.5 * (1 << 30))),
     ],
 )
 def test_vram_budget_forms(text: str, want: object) -> None:

@@ -102,6 +102,16 @@ class TinyHost:
         self.loaded.clear()
 
 
+class PackPatcher(HostPatcher):
+    """A pack's patcher whose clone is of its own class whatever the source's was, as
+    ComfyUI-GGUF's GGUFModelPatcher.clone sets ``__class__`` back."""
+
+    def clone(self) -> Any:
+        n = super().clone()
+        n.__class__ = PackPatcher
+        return n
+
+
 X = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
 
 
@@ -204,3 +214,25 @@ def test_the_choice_lists_come_from_the_policy() -> None:
     assert policy_mod.LEVEL_NAMES == ("block", "leaf")
     for host in (node_config, forge_controls):
         assert host.TIERS is policy_mod.TIER_NAMES and host.LEVELS is policy_mod.LEVEL_NAMES
+
+
+def test_a_packs_clone_keeps_ferry_through_the_seams_clone(tmp_path: Path) -> None:
+    """The seam's clone (FerryClones, both hosts' and this adapter's) puts Ferry's class back
+    in front of the pack's and shares the offload; its is_clone marks the layout loading, so
+    the host's unload of the old clone keeps it."""
+    model = SharedModel()
+    with torch.no_grad():
+        ref = model.diffusion_model(X)
+    host = TinyHost()
+    ferry = adapter.ferry_clone(PackPatcher(model), _policy("ram", tmp_path))
+    host.load(ferry)
+    again = ferry.clone()
+    assert isinstance(again, adapter.FerryVerbs) and isinstance(again, PackPatcher)
+    assert again.ferry_offload is ferry.ferry_offload
+    host.load(again)
+    layout = adapter.TinyHostLayout.of(model)
+    assert layout.events == ["laid out"] and layout.live  # kept across the clone
+    with torch.no_grad():
+        assert torch.equal(model.diffusion_model(X), ref)
+    host.free()
+    assert layout.events == ["laid out", "released"] and not layout.live

@@ -277,7 +277,7 @@ def test_refusals_name_the_control_stop_the_load_and_the_next_generation_works(
         msg = _refusal(session, ferry(tier="disk", disk=str(ro / "f")))
     assert msg.startswith("Ferry offload › Disk folder: ") and "not writable" in msg, msg
     assert _refusal(session, ferry(budget="lots")).startswith(
-        "Ferry offload › VRAM budget (GB): 'lots' is not a budget"
+        "Ferry offload › VRAM budget (GiB): 'lots' is not a budget"
     )
     assert _refusal(session, ferry(look=0)).startswith("Ferry offload › Look-ahead: ")
     assert _refusal(session, ferry(tier="floppy")).startswith(
@@ -504,10 +504,11 @@ def test_infotext_round_trips(policy: dict[str, Any]) -> None:
     assert controls.parse_infotext(None) is None
 
 
-def test_pasting_parameters_sets_the_controls() -> None:
+@pytest.mark.parametrize("unit", ["GiB", "GB"])  # GB: an image saved before the units change
+def test_pasting_parameters_sets_the_controls(unit: str) -> None:
     widgets = [object() for _ in controls.CONTROLS]
     fields = dict(script_mod.infotext_fields(widgets))
-    params = {"Ferry": "leaf, disk, look-ahead 3, VRAM budget 2 GB"}
+    params = {"Ferry": f"leaf, disk, look-ahead 3, VRAM budget 2 {unit}"}
     got = {cid: fields[w](params) for w, (cid, _) in zip(widgets, controls.CONTROLS) if w in fields}
     assert got == {"enabled": True, "level": "leaf", "blocks_per_group": 1, "tier": "disk",
                    "prefetch_depth": 3, "vram_budget": "2", "use_saved": False}  # fmt: skip

@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     ap.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
     ap.add_argument(
-        "--size-gb", type=float, default=0.25, help="demo model size in GB (default 0.25)"
+        "--size-gb", type=float, default=0.25, help="demo model size in GiB (default 0.25)"
     )
     ap.add_argument(
         "--settings",

@@ -31,7 +31,7 @@ CONTROLS = (
     ("tier", "Where the rest waits"),
     ("disk_path", "Disk folder"),
     ("prefetch_depth", "Look-ahead"),
-    ("vram_budget", "VRAM budget (GB)"),
+    ("vram_budget", "VRAM budget (GiB)"),
     ("use_saved", "Use saved settings"),
 )
 LABELS = dict(CONTROLS)
@@ -92,13 +92,13 @@ def describe(policy: OffloadPolicy) -> str:
     d = policy.to_dict()
     level = f"block {d['blocks_per_group']}" if d["level"] == "block" else "leaf"
     budget = d["vram_budget_gb"]
-    shown = "none" if budget is None else budget if budget == "auto" else f"{round(budget, 3)} GB"
+    shown = "none" if budget is None else budget if budget == "auto" else f"{round(budget, 3)} GiB"
     return f"{level}, {d['tier']}, look-ahead {d['prefetch_depth']}, VRAM budget {shown}"
 
 
 _INFOTEXT = re.compile(
     r"\s*(?:block (?P<blocks>\d+)|(?P<leaf>leaf))\s*,\s*(?P<tier>pinned|ram|disk)\s*,"
-    r"\s*look-ahead (?P<depth>\d+)\s*,\s*VRAM budget (?P<budget>none|auto|[\d.]+ GB)\s*"
+    r"\s*look-ahead (?P<depth>\d+)\s*,\s*VRAM budget (?P<budget>none|auto|(?P<gib>[\d.]+) Gi?B)\s*"
 )
 
 
@@ -108,14 +108,15 @@ def parse_infotext(text: Any) -> dict[str, Any] | None:
     m = _INFOTEXT.fullmatch(text) if isinstance(text, str) else None
     if m is None:
         return None
-    budget = m["budget"]
+    # Images saved before the units change say "2 GB": the same GiB (units.py), read alike.
+    budget = m["gib"] or m["budget"]
     return {
         "enabled": True,
         "level": "leaf" if m["leaf"] else "block",
         "blocks_per_group": int(m["blocks"] or 1),
         "tier": m["tier"],
         "prefetch_depth": int(m["depth"]),
-        "vram_budget": "" if budget == "none" else budget.removesuffix(" GB"),
+        "vram_budget": "" if budget == "none" else budget,
         "use_saved": False,
     }
 

@@ -33,16 +33,17 @@ import torch
 from torch import nn
 
 from ..offload_core import ConfigError, FerryError
-from ..seam.patcher_class import keep_ferry_class, with_ferry
+from ..seam.patcher_class import FerryClones, with_ferry
 from .controls import ControlError, ForgeOffload, as_control_error
 from .layout import UnetLayout
 
 log = logging.getLogger("ferry")
 
 
-class FerryPatcherMixin:
+class FerryPatcherMixin(FerryClones):
     """Put in front of the UNet's own patcher class (see ``ferry_patcher_class``)."""
 
+    ferry_shared = ("ferry_offload", "ferry_refusal")
     ferry_offload: ForgeOffload | None = None
     ferry_refusal: FerryError | None = None
     # Forge's ModelPatcher sets these (declared for the type checker only).
@@ -68,16 +69,8 @@ class FerryPatcherMixin:
         super().refresh_loras()  # type: ignore[misc]
 
     # -- ModelPatcher verbs ----------------------------------------------------------------
-    def clone(self, *args: Any, **kwargs: Any) -> Any:
-        n = keep_ferry_class(super().clone(*args, **kwargs), FerryPatcherMixin)  # type: ignore[misc]
-        n.ferry_offload = self.ferry_offload
-        n.ferry_refusal = self.ferry_refusal
-        return n
-
-    def is_clone(self, other: Any) -> bool:
-        # unload_model_clones asks the patcher it is about to load: see seam/layout.py's Note.
+    def _ferry_mark_loading(self) -> None:
         self._ferry_layout().mark_loading(self.ferry_offload)
-        return bool(super().is_clone(other))  # type: ignore[misc]
 
     def forge_patch_model(self, target_device: Any = None) -> nn.Module:
         if self.ferry_refusal is not None:

@@ -20,6 +20,7 @@ from .controls import (
     CONTROLS,
     DEFAULTS,
     INFOTEXT_KEY,
+    LABELS,
     SECTION,
     ControlError,
     ForgeOffload,
@@ -149,9 +150,9 @@ def accordion(host: Host, is_img2img: bool) -> list[Any]:
                 info="Groups loaded ahead of the one computing; 2 or more hides a slow disk.",
             )  # fmt: skip
             budget = gr.Textbox(
-                value=DEFAULTS["vram_budget"], label="VRAM budget (GB)",
+                value=DEFAULTS["vram_budget"], label=LABELS["vram_budget"],
                 elem_id=f"{tab}_ferry_vram_budget",
-                info="auto: keep what fits in free VRAM; a number of GB; empty: stream every group.",
+                info="auto: keep what fits in free VRAM; a number of GiB; empty: stream every group.",
             )  # fmt: skip
         use_saved = gr.Checkbox(
             value=DEFAULTS["use_saved"], elem_id=f"{tab}_ferry_use_saved",

@@ -34,6 +34,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
+from ..formats.header import StoredTensor
 from ..formats.safetensors import byte_view
 from ..units import PAGE
 from .files import FileBackend
@@ -142,6 +143,22 @@ def pread_full(backend: FileBackend, fd: int, into: memoryview, offset: int) -> 
             break
         got += n
     return got
+
+
+def read_stored(backend: FileBackend, fd: int, entry: StoredTensor, into: memoryview) -> bool:
+    """The bytes ``entry`` has in its file into ``into`` (at least ``entry.nbytes`` long);
+    False when the file ends first (it was truncated or replaced): the caller names the file
+    and what to do in its own error."""
+    return pread_full(backend, fd, into[: entry.nbytes], entry.start) == entry.nbytes
+
+
+def read_stored_new(backend: FileBackend, fd: int, entry: StoredTensor) -> torch.Tensor | None:
+    """``entry`` as stored (its dtype and shape) in a new tensor of its own, allocator-aligned
+    as a loaded weight is; None when the file ends first."""
+    raw = torch.empty(entry.nbytes, dtype=torch.uint8)
+    if not read_stored(backend, fd, entry, byte_view(raw)):
+        return None
+    return raw.view(entry.dtype).view(entry.shape)
 
 
 def read_chunk(plan: ReadPlan, chunk: Chunk, buf: torch.Tensor, verify: bool = True) -> None:

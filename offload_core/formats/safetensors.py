@@ -3,15 +3,15 @@ checks), read and written one tensor at a time.
 
 Why not the safetensors package: ``load_file`` gives the whole file at once, and ``save_file``
 serialises every tensor into one in-memory buffer first, so both hold a full copy of the model
-in RAM. The loader's memory bound needs one layer at a time: tensors are read with
-``readinto`` straight into their destination (or a reused staging buffer), and written from
-their own memory. The files stay ordinary safetensors files that the package reads.
+in RAM. The loader's memory bound needs one layer at a time: tensors are read at the header's
+offsets straight into their destination (or a reused staging buffer) by the disk tier's reads
+(``disk/reader.py``: this module only says where each tensor is), and written from their own
+memory. The files stay ordinary safetensors files that the package reads.
 """
 
 from __future__ import annotations
 
 import ctypes
-import io
 import json
 import os
 import struct
@@ -118,28 +118,6 @@ def byte_view(t: torch.Tensor) -> memoryview:
     buf = (ctypes.c_char * n).from_address(t.data_ptr())
     buf._owner = t  # type: ignore[attr-defined]  # the view keeps the tensor's memory alive
     return memoryview(buf).cast("B")
-
-
-def read_into(f: io.FileIO, entry: StoredTensor, out: torch.Tensor) -> None:
-    """Reads an entry's bytes into ``out`` (contiguous CPU, at least entry.nbytes long).
-
-    ``f`` is unbuffered (``open(path, "rb", buffering=0)``): the kernel copies straight into
-    the tensor's memory, with no intermediate buffer."""
-    view = byte_view(out)[: entry.nbytes]
-    f.seek(entry.start)
-    got = 0
-    while got < entry.nbytes:
-        n = f.readinto(view[got:])
-        if not n:
-            raise HeaderError(f"{f.name}: ended inside tensor {entry.key!r}")
-        got += n
-
-
-def read_new(f: io.FileIO, entry: StoredTensor) -> torch.Tensor:
-    """Reads an entry into a new tensor of its own (allocator-aligned, as a loaded weight is)."""
-    out = torch.empty(entry.nbytes, dtype=torch.uint8)
-    read_into(f, entry, out)
-    return out.view(entry.dtype).view(entry.shape)
 
 
 def write_file(

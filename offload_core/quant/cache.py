@@ -27,8 +27,10 @@ import torch
 from torch import nn
 
 from ..disk.durable import atomic_write
+from ..disk.files import files
+from ..disk.reader import read_stored_new
 from ..errors import ConfigError
-from ..formats.safetensors import Header, HeaderError, byte_view, read_header, read_new, write_file
+from ..formats.safetensors import Header, HeaderError, byte_view, read_header, write_file
 from ..runtime.memory import trim_heap
 from .model_tensors import model_signature, module_tensors, place, restore, snapshot
 from .presets import Preset
@@ -167,7 +169,10 @@ def _fill(
     md = header.metadata
     placed: dict[int, torch.Tensor] = {}  # meta tensor id -> loaded tensor: ties stay tied
     keep_alive: list[torch.Tensor] = []  # so a freed meta tensor's id is never reused
-    with open(entry.path, "rb", buffering=0) as f:
+    # The disk tier's reads (disk/reader.py), through the platform's calls (disk/files.py).
+    backend = files()
+    fd = backend.open(entry.path)
+    try:
         for i, c in enumerate(choices):
             slots = []
             for s in module_tensors(c.name, c.module):
@@ -180,7 +185,9 @@ def _fill(
             data: dict[str, torch.Tensor] = {}
             for s in slots:
                 for k in _data_keys(md[s.key], s.key, header):
-                    t = read_new(f, header.entries[k])
+                    t = read_stored_new(backend, fd, header.entries[k])
+                    if t is None:
+                        raise HeaderError(f"{entry.path}: ended inside tensor {k!r}")
                     if _crc(t) != crcs[k]:
                         raise CorruptEntry(f"tensor {k} fails its checksum")
                     data[k] = t
@@ -197,6 +204,8 @@ def _fill(
                 placed[id(meta)] = s.get()
             if progress is not None:
                 progress(i + 1, len(choices))
+    finally:
+        os.close(fd)
 
 
 def _layer_state(c: LayerChoice) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..disk.files import FileBackend, files
 from ..disk.plan import ReadPlan, checksummed, open_plan
-from ..disk.reader import pread_full, read_chunk
+from ..disk.reader import read_chunk, read_stored, read_stored_new
 from ..errors import ConfigError, FerryError
 from ..formats.safetensors import Header, StoredTensor, byte_view, read_checkpoint_header
 from ..model.layout import Entry
@@ -182,18 +182,23 @@ class CheckpointIndex:
     def read_into(self, st: StoredTensor, out: memoryview) -> None:
         """The stored bytes of ``st`` into ``out`` (at least ``st.nbytes`` long)."""
         assert self._fd >= 0, "read inside `with index:`"
-        if pread_full(self._files, self._fd, out[: st.nbytes], st.start) < st.nbytes:
-            raise ConfigError(
-                self.setting,
-                f"{self.path.name} ended inside {st.key!r} (it was truncated or replaced "
-                "while loading); choose a complete file",
-            )
+        if not read_stored(self._files, self._fd, st, out):
+            raise self._ended_inside(st)
 
     def read_stored(self, st: StoredTensor) -> torch.Tensor:
         """A new CPU tensor holding ``st`` as stored (its dtype and shape)."""
-        raw = torch.empty(st.nbytes, dtype=torch.uint8)
-        self.read_into(st, byte_view(raw))
-        return raw.view(st.dtype).view(st.shape)
+        assert self._fd >= 0, "read inside `with index:`"
+        t = read_stored_new(self._files, self._fd, st)
+        if t is None:
+            raise self._ended_inside(st)
+        return t
+
+    def _ended_inside(self, st: StoredTensor) -> ConfigError:
+        return ConfigError(
+            self.setting,
+            f"{self.path.name} ended inside {st.key!r} (it was truncated or replaced "
+            "while loading); choose a complete file",
+        )
 
 
 def _persistent_tensors(model: nn.Module) -> list[tuple[list[str], torch.Tensor]]:

@@ -43,7 +43,7 @@ from .measure import measure_policy
 
 #: Builds a fresh model and the keyword inputs of one forward: ``model(**inputs)``.
 ModelFactory = Callable[[], tuple[torch.nn.Module, dict[str, Any]]]
-_RAM_HELP = "type a number of GB above 0 (e.g. 16), or leave it empty for no limit"
+_RAM_HELP = "type a number of GiB above 0 (e.g. 16), or leave it empty for no limit"
 #: ``progress(done, total, what)`` after each step; bind a progress bar to it.
 Progress = Callable[[int, int, str], None]
 
@@ -67,7 +67,7 @@ class Budget:
         vram = parse_vram_budget(vram_gb)
         if vram == AUTO:
             raise ConfigError(
-                "vram_budget_gb", "the planner measures against a number of GB; type one "
+                "vram_budget_gb", "the planner measures against a number of GiB; type one "
                 "(e.g. 6) or leave it empty for no limit"
             )  # fmt: skip
         return cls(vram, parse_gib("ram_budget_gb", ram_gb, _RAM_HELP))
@@ -96,8 +96,8 @@ class TuneRow:
             "s/forward": None
             if self.seconds_per_forward is None
             else round(self.seconds_per_forward, 4),
-            "peak VRAM GB": gb(self.peak_vram),
-            "peak RAM GB": gb(self.peak_ram),
+            "peak VRAM GiB": gb(self.peak_vram),
+            "peak RAM GiB": gb(self.peak_ram),
             "fits": "yes" if self.fits else "no",
             "note": self.error or ("" if self.vram_measured else "VRAM planned (no accelerator)"),
         }
@@ -114,7 +114,7 @@ class TuneResult:
 
     def table(self) -> str:
         """A markdown table, one line per candidate, then the recommendation."""
-        cols = ["#", "plan", "s/forward", "peak VRAM GB", "peak RAM GB", "fits", "note"]
+        cols = ["#", "plan", "s/forward", "peak VRAM GiB", "peak RAM GiB", "fits", "note"]
         lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for r in self.rows:
             rec = r.as_record()

@@ -124,7 +124,7 @@ def test_unchanged_settings_keep_the_layout(forge: Server, plain: dict[str, Imag
 
 def test_a_vram_budget_keeps_groups_resident(forge: Server, plain: dict[str, Image]) -> None:
     img = forge.forge.txt2img(ferry(tier="ram", budget="1.5"))
-    assert img.same_as(plain["A"]) and "VRAM budget 1.5 GB" in img.infotext
+    assert img.same_as(plain["A"]) and "VRAM budget 1.5 GiB" in img.infotext
     (o,) = offloads(forge)
     assert 0 < o["resident_groups"] < o["groups"]
 
@@ -196,7 +196,7 @@ def test_refusals_name_the_control_and_the_next_generation_works(
         msg = _refused(forge, ferry(tier="disk", disk=str(ro / "ferry")))
     assert msg.startswith("Ferry offload › Disk folder: ") and "not writable" in msg, msg
     msg = _refused(forge, ferry(tier="ram", budget="lots"))
-    assert msg.startswith("Ferry offload › VRAM budget (GB): 'lots' is not a budget"), msg
+    assert msg.startswith("Ferry offload › VRAM budget (GiB): 'lots' is not a budget"), msg
     assert forge.forge.stats()["refusals"] >= 3
     assert offloads(forge) == []  # refused before anything was laid out
     img = forge.forge.txt2img(ferry(tier="disk", disk=str(tmp_path / "ok")))

@@ -49,7 +49,8 @@ def model_bytes(model: torch.nn.Module) -> int:
 @dataclass
 class DemoSession:
     """The built-in demo model the standalone panel offloads and runs, and the plans on its
-    meta twin (seam/plans.py) that the settings preview shows."""
+    meta twin (seam/plans.py) that the settings preview shows. ``size_gb`` is GiB, as every
+    memory amount a user types (units.py)."""
 
     size_gb: float
     tokens: int = 64
@@ -59,9 +60,9 @@ class DemoSession:
     inputs: dict[str, Any] = field(default_factory=dict)
 
     def build(self, device: str = "cpu") -> None:
-        from ...offload_core.model.demo import build_demo_model, demo_inputs
+        from ...offload_core.model.demo import build_demo_model, demo_inputs, size_gb_for_gib
 
-        self.model = build_demo_model(size_gb=self.size_gb, dtype=self.dtype, seed=0)
+        self.model = build_demo_model(size_gb_for_gib(self.size_gb), self.dtype, seed=0)
         # Inputs live where the forward runs: the engine brings weights there, not inputs.
         self.inputs = demo_inputs(self.model, batch=1, tokens=self.tokens, seed=0, device=device)
         self.plans = Plans.on_twin(self.model)

@@ -9,6 +9,7 @@ import gradio as gr
 import pandas as pd
 
 from ...offload_core.errors import ConfigError, FerryError
+from ...offload_core.model.demo import size_gb_for_gib
 from ...offload_core.policy import OffloadPolicy
 from ...offload_core.runtime.memory import system_available_ram
 from ...offload_core.tools.autotune import Budget, TuneResult, autotune, demo_factory
@@ -18,7 +19,7 @@ from .context import PanelContext
 from .disk_check import check_disk_path
 from .forms import Form, form_from_settings
 
-TABLE_COLUMNS = ["#", "plan", "s/forward", "peak VRAM GB", "peak RAM GB", "fits", "note"]
+TABLE_COLUMNS = ["#", "plan", "s/forward", "peak VRAM GiB", "peak RAM GiB", "fits", "note"]
 
 
 def result_frames(result: TuneResult) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -28,8 +29,8 @@ def result_frames(result: TuneResult) -> tuple[pd.DataFrame, pd.DataFrame]:
         {
             "plan": ran["plan"],
             "seconds per forward": ran["s/forward"].astype(float),
-            "peak VRAM GB": ran["peak VRAM GB"].astype(float),
-            "peak RAM GB": ran["peak RAM GB"].astype(float),
+            "peak VRAM GiB": ran["peak VRAM GiB"].astype(float),
+            "peak RAM GiB": ran["peak RAM GiB"].astype(float),
             "fits the budget": ran["fits"],
         }
     )
@@ -49,7 +50,7 @@ def run_planner(
     # as 0 is everywhere), through the one parser of each setting.
     budget = Budget.from_gb(vram_gb, ram_gb)
     if size_gb is None or not float(size_gb) > 0:
-        raise ConfigError("size_gb", f"the demo model size must be > 0 GB, got {size_gb!r}")
+        raise ConfigError("size_gb", f"the demo model size must be > 0 GiB, got {size_gb!r}")
     disk = (disk_path or "").strip() or None
     if disk is not None:
         chk = check_disk_path(disk, int(float(size_gb) * GIB))
@@ -64,7 +65,7 @@ def run_planner(
         raise ConfigError("run", "busy: a demo run or Apply is running; try again when it ends")
     try:
         result = autotune(
-            demo_factory(float(size_gb)),
+            demo_factory(size_gb_for_gib(float(size_gb))),
             budget=budget,
             onload_device=ctx.onload_device,
             disk_path=disk,
@@ -120,19 +121,19 @@ def build_planner_tab(ctx: PanelContext, form: list[Any]) -> None:
         dev_total = round(snap.samples[-1].vram_total / GIB, 1)
     with gr.Row():
         vram = gr.Number(
-            value=dev_total, label="VRAM budget (GB, 0 = no limit)", elem_id="ferry-plan-vram"
+            value=dev_total, label="VRAM budget (GiB, 0 = no limit)", elem_id="ferry-plan-vram"
         )
-        ram = gr.Number(value=round(system_available_ram() * 0.8 / GIB, 1), label="RAM budget (GB, 0 = no limit)",
+        ram = gr.Number(value=round(system_available_ram() * 0.8 / GIB, 1), label="RAM budget (GiB, 0 = no limit)",
                         elem_id="ferry-plan-ram")  # fmt: skip
-        size = gr.Number(value=ctx.demo.size_gb if ctx.demo else 0.25, label="Test model size (GB)", minimum=0.001,
+        size = gr.Number(value=ctx.demo.size_gb if ctx.demo else 0.25, label="Test model size (GiB)", minimum=0.001,
                          elem_id="ferry-plan-size")  # fmt: skip
     run = gr.Button("Find settings for this machine", variant="primary", elem_id="ferry-plan-run")
     verdict = gr.Markdown(elem_id="ferry-plan-verdict")
     table = gr.Dataframe(headers=TABLE_COLUMNS, interactive=False, elem_id="ferry-plan-table")
     with gr.Row():
-        vram_plot = gr.ScatterPlot(x="peak VRAM GB", y="seconds per forward", color="fits the budget",
+        vram_plot = gr.ScatterPlot(x="peak VRAM GiB", y="seconds per forward", color="fits the budget",
                                    title="Time vs peak VRAM", height=260, elem_id="ferry-plan-vram-plot")  # fmt: skip
-        ram_plot = gr.ScatterPlot(x="peak RAM GB", y="seconds per forward", color="fits the budget",
+        ram_plot = gr.ScatterPlot(x="peak RAM GiB", y="seconds per forward", color="fits the budget",
                                   title="Time vs peak RAM", height=260, elem_id="ferry-plan-ram-plot")  # fmt: skip
     best = gr.State(None)
     save_btn = gr.Button("Save the recommended plan", elem_id="ferry-plan-save")

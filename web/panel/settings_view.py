@@ -161,11 +161,11 @@ def _memory_widgets(ctx: PanelContext) -> list[Any]:
         elem_id="ferry-prefetch",
     )  # fmt: skip
     vram_budget = gr.Textbox(
-        label="VRAM budget (GB)", placeholder="empty = stream everything; 'auto' = use what is free",
+        label="VRAM budget (GiB)", placeholder="empty = stream everything; 'auto' = use what is free",
         info="Ferry keeps as much of the model on the GPU as this allows.", elem_id="ferry-vram-budget",
     )  # fmt: skip
     headroom = gr.Number(
-        value=2.0, label="Headroom for 'auto' (GB)", minimum=0,
+        value=2.0, label="Headroom for 'auto' (GiB)", minimum=0,
         info="VRAM left free for the image itself (activations, VAE).", elem_id="ferry-headroom",
     )  # fmt: skip
     quant = gr.Dropdown(
