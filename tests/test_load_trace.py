@@ -8,7 +8,8 @@ The host here does what ComfyUI's CLIP loading does to files, in miniature: it r
 tokenizer blob from the state dict while it builds, builds on the device it is given (meta),
 keeps a parameter its constructor sets and no file holds (ComfyUI's ``logit_scale``), routes a
 state dict to the encoder whose keys it has and adds the ``transformer.`` level the file lacks,
-renames a key (``lm_head.weight``), and with ``transpose`` replaces one tensor by a new one
+renames a key (``lm_head.weight``, which a layer that loads itself, as ComfyUI's lazily built
+Linears do under dynamic VRAM, copies), and with ``transpose`` replaces one tensor by a new one
 (ComfyUI's old ``text_projection``). The real loader runs in
 tests/comfyui/test_comfyui_text_encoder.py.
 """
@@ -16,6 +17,7 @@ tests/comfyui/test_comfyui_text_encoder.py.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -41,12 +43,20 @@ class Block(nn.Module):
         return x + self.ff(self.norm(x))
 
 
+class SelfLoading(nn.Linear):
+    """Loads itself its own way, skipping nn.Module's load hooks, and keeps a copy of what it
+    is given (ComfyUI's lazily built Linears under dynamic VRAM do both)."""
+
+    def _load_from_state_dict(self, sd: dict[str, Any], prefix: str, *args: Any) -> None:
+        self.weight = nn.Parameter(sd[prefix + "weight"].clone(), requires_grad=False)
+
+
 class Transformer(nn.Module):
     def __init__(self, device: torch.device | None, depth: int) -> None:
         super().__init__()
         self.embed = nn.Linear(4, W, device=device)
         self.block = nn.ModuleList(Block(device) for _ in range(depth))
-        self.lm_head = nn.Linear(W, W, bias=False, device=device)
+        self.lm_head = SelfLoading(W, W, bias=False, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embed(x)

@@ -8,8 +8,8 @@ The state dicts are made from the files' headers (``header_state_dict``: meta te
 bytes read but those of small non-float tensors such as a tokenizer blob the host reads while
 it builds), and every tensor is known by its identity. While ``LoadTrace`` is active every
 module registered (``register_module_module_registration_hook``, this thread only) gets a
-``load_state_dict`` pre-hook that records the tensor object the host passes for each of its
-parameters and buffers. A tensor the host replaced on the way (a transpose, a dtype or format
+``load_state_dict`` pre-hook that records the tensor object the host passes under each key of
+its subtree (so a layer that loads itself its own way is seen from its parent). A tensor the host replaced on the way (a transpose, a dtype or format
 conversion) is a new object: it has no source, and ``unsourced`` names it.
 """
 
@@ -50,7 +50,8 @@ class LoadTrace:
         # Every tensor kept alive: their ids key ``_origin`` (the host may pop some).
         self._tensors = [t for sd in state_dicts for t in sd.values()]
         self._origin = {id(t): (i, k) for i, sd in enumerate(state_dicts) for k, t in sd.items()}
-        self._given: dict[tuple[int, str], int] = {}  # (id(module), attr) -> id(tensor)
+        # id(module) -> {a key under the module, as load_state_dict gave it: id(tensor)}
+        self._given: dict[int, dict[str, int]] = {}
         self._modules: list[nn.Module] = []  # kept alive: their ids key ``_given``
         self._handles: list[Any] = []
         self._thread = threading.get_ident()
@@ -73,21 +74,26 @@ class LoadTrace:
         self._handles.append(child.register_load_state_dict_pre_hook(self._pre_hook))
 
     def _pre_hook(self, module: nn.Module, sd: dict[str, Any], prefix: str, *args: Any) -> None:
-        for table in (module._parameters, module._buffers):
-            for attr in table:
-                t = sd.get(prefix + attr)
-                if isinstance(t, torch.Tensor):
-                    self._given[(id(module), attr)] = id(t)
+        # A module's pre-hook sees the keys of its whole subtree: a layer that loads itself
+        # its own way (ComfyUI's lazily built Linears under dynamic VRAM override
+        # _load_from_state_dict and skip their hooks) is still seen from its parent.
+        given = self._given.setdefault(id(module), {})
+        for key, t in sd.items():
+            if key.startswith(prefix) and isinstance(t, torch.Tensor):
+                given[key[len(prefix) :]] = id(t)
 
     def sources(self, net: nn.Module) -> list[dict[str, str]]:
         """For each state dict (file), the network's names (under every tied name) of the
         tensors the host gave from it -> their keys."""
+        held = {n for n, _ in net.named_parameters(remove_duplicate=False)}
+        held |= {n for n, _ in net.named_buffers(remove_duplicate=False)}
         keys: list[dict[str, str]] = [{} for _ in self.state_dicts]
         for mname, mod in net.named_modules(remove_duplicate=False):
-            for attr in (*mod._parameters, *mod._buffers):
-                src = self._origin.get(self._given.get((id(mod), attr), -1))
-                if src is not None:
-                    keys[src[0]][f"{mname}.{attr}" if mname else attr] = src[1]
+            for rel, tid in self._given.get(id(mod), {}).items():
+                name = f"{mname}.{rel}" if mname else rel
+                src = self._origin.get(tid)
+                if src is not None and name in held:
+                    keys[src[0]][name] = src[1]
         return keys
 
 

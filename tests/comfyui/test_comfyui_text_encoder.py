@@ -298,3 +298,17 @@ def test_ferry_loader_unloads_and_encodes_again(client: Client, server: Server) 
     got = encode(client, server, te_graph("flux", "fl-unload-2", ferry, other, ferry_loader=True))
     assert laid_out(server) == laid + 1
     assert_equal(got, encode(client, server, te_graph("flux", "fl-unload-plain", text=other)))
+
+
+def test_under_dynamic_vram_the_ferry_loader_streams_and_reads_whole(
+    standin: Server, plain: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    # Core's Linears are built without weights under dynamic VRAM (the stand-in turns it on):
+    # the trace still sees which file tensor each one was given.
+    c = Client(standin.url)
+    ferry = ferry_te(tier="disk")
+    assert_equal(
+        encode(c, standin, te_graph("flux", "dyn-fl", ferry, ferry_loader=True)), plain["flux"]
+    )
+    assert_equal(encode(c, standin, te_graph("t5", "dyn-fl-plain", ferry_loader=True)), plain["t5"])
+    assert "cannot stay in its file" not in standin.log.read_text(errors="replace")
