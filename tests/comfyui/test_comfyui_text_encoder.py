@@ -86,8 +86,10 @@ def te_graph(
     ferry: dict[str, Any] | None = None,
     text: str = TEXT,
     ferry_loader: bool = False,
+    **loader_inputs: Any,
 ) -> dict[str, Any]:
     loader, inputs, _ = CASES[case]
+    inputs = {**inputs, **loader_inputs}
     if ferry_loader:
         loader = FERRY_LOADERS[loader]
     g: dict[str, Any] = {"1": {"class_type": loader, "inputs": inputs}}
@@ -290,12 +292,16 @@ def test_ferry_loader_streams_the_file_into_the_layout(
 def test_ferry_loader_unloads_and_encodes_again(client: Client, server: Server) -> None:
     # Unloading moves the CLIP to its offload device while its weights are back in their files
     # (meta): only what is real moves (a plain .to() would raise and stop ComfyUI's worker).
+    # device "cpu" (CLIPLoader's own widget; the CPU is the device here anyway): a loader
+    # output of its own, not the cached CLIP every earlier prompt shared.
     ferry = ferry_te(tier="disk")
-    encode(client, server, te_graph("flux", "fl-unload-1", ferry, ferry_loader=True))
+    g = te_graph("flux", "fl-unload-1", ferry, ferry_loader=True, device="cpu")
+    encode(client, server, g)
     client.unload_models(within_s=10)
     laid = laid_out(server)
     other = "a lighthouse in fog, long exposure"
-    got = encode(client, server, te_graph("flux", "fl-unload-2", ferry, other, ferry_loader=True))
+    g = te_graph("flux", "fl-unload-2", ferry, other, ferry_loader=True, device="cpu")
+    got = encode(client, server, g)
     assert laid_out(server) == laid + 1
     assert_equal(got, encode(client, server, te_graph("flux", "fl-unload-plain", text=other)))
 
