@@ -5,6 +5,7 @@ names the core function it follows. Nothing else in the pack tests for a core ve
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import weakref
 from collections.abc import Callable
@@ -164,3 +165,26 @@ RAM_CACHE_HELP = (
     "(the least RAM), or start ComfyUI with --cache-ram followed by a headroom in GiB below "
     "what is free (e.g. --cache-ram 1), or with --cache-classic."
 )
+
+
+def clip_loader_choices(loader: str) -> tuple[list[str], list[str] | None]:
+    """(the ``type`` choices, the ``device`` choices or None) of core's CLIP loader node
+    ``loader`` (CLIPLoader, DualCLIPLoader): each core version offers its own list. Read from
+    core's own top-level ``nodes`` module (not this pack's folder of the same name)."""
+    core_nodes = importlib.import_module("nodes")
+    inputs = getattr(core_nodes, loader).INPUT_TYPES()
+    types = list(inputs["required"]["type"][0])
+    device = inputs.get("optional", {}).get("device")
+    return types, (list(device[0]) if device else None)
+
+
+def clip_type(name: str) -> Any:
+    """As CLIPLoader maps its ``type`` widget (an unknown name: STABLE_DIFFUSION)."""
+    return getattr(comfy.sd.CLIPType, name.upper(), comfy.sd.CLIPType.STABLE_DIFFUSION)
+
+
+def clip_model_options(device: str) -> dict[str, Any]:
+    """As CLIPLoader maps its ``device`` widget."""
+    if device == "cpu":
+        return {"load_device": torch.device("cpu"), "offload_device": torch.device("cpu")}
+    return {}

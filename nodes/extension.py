@@ -8,6 +8,7 @@ from .compile import FerryCompileBlocks
 from .loader_node import FerryLoadDiffusionModelQuantized
 from .offload_node import FerryOffloadModel
 from .report_node import FerryMemoryReport
+from .text_encoder_loader_node import FerryLoadTextEncoder, FerryLoadTextEncoderDual
 from .text_encoder_node import FerryOffloadTextEncoder
 
 
@@ -31,6 +32,8 @@ class FerryExtension(ComfyExtension):
             FerryOffloadModel,
             FerryOffloadTextEncoder,
             FerryLoadDiffusionModelQuantized,
+            FerryLoadTextEncoder,
+            FerryLoadTextEncoderDual,
             FerryMemoryReport,
             FerryCompileBlocks,
         ]

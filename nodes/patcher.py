@@ -43,7 +43,7 @@ from .dynamic import DYNAMIC_VRAM_HELP, plain_patcher, say_once
 from .hold import HeldByFerry, anchor, hold
 from .pusher import ensure_pushing
 from .recovery import KEY as RECOVERY_KEY
-from .recovery import ModelReloadError, for_node, guard, has_meta, in_prompt, refuse_lost
+from .recovery import ModelReloadError, for_node, guard, has_meta_module, in_prompt, refuse_lost
 from .stream_loader import is_lazy, materialize, stream_weights
 
 log = logging.getLogger("ferry")
@@ -251,7 +251,8 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
         # be plain again.
         if unpatch_weights and self._ferry_release():
             self.model.model_loaded_weight_memory = 0
-        if device_to is not None and unpatch_weights and has_meta(self.model):
+        net = self._ferry_network_of(self.model)
+        if device_to is not None and unpatch_weights and net is not None and has_meta_module(net):
             # The weights are back in their file (meta): move only what is real.
             for m in self._ferry_outside_modules():
                 m.to(device_to)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import comfy.float
 import comfy.lora
@@ -64,6 +64,10 @@ class LazyCheckpoint:
     path: str
     prefix: str
     quant: QuantizedStream | None = None
+    patch_prefix = DM  # a MODEL patcher's patch keys: the BaseModel's names
+
+    def network(self, base: Any) -> nn.Module:
+        return base.diffusion_model  # type: ignore[no-any-return]
 
     def weights(
         self,
@@ -77,6 +81,44 @@ class LazyCheckpoint:
         return CheckpointWeights.open(
             self.path, dm, prefix=self.prefix, setting=WIDGET, convert=convert, changed=changed
         )
+
+    def open_stream(
+        self,
+        dm: nn.Module,
+        convert: Converter | None = None,
+        changed: Callable[[str], bool] | None = None,
+    ) -> CheckpointWeights:
+        """The file as the source of a Ferry layout (nothing to read first)."""
+        return self.weights(dm, convert, changed)
+
+    def materialize(self, dm: nn.Module, device: torch.device) -> None:
+        self.weights(dm).materialize(dm, device)
+
+
+class Lazy(Protocol):
+    """What a lazy model's ``ferry_checkpoint`` answers: ``LazyCheckpoint`` (a diffusion
+    model, here) or ``LazyTextEncoder`` (a CLIP's encoders, text_encoder_stream.py)."""
+
+    path: str
+    patch_prefix: str
+
+    def network(self, base: Any) -> nn.Module: ...
+
+    def weights(
+        self,
+        net: nn.Module,
+        convert: Converter | None = None,
+        changed: Callable[[str], bool] | None = None,
+    ) -> CheckpointWeights: ...
+
+    def open_stream(
+        self,
+        net: nn.Module,
+        convert: Converter | None = None,
+        changed: Callable[[str], bool] | None = None,
+    ) -> CheckpointWeights: ...
+
+    def materialize(self, net: nn.Module, device: torch.device) -> None: ...
 
 
 def _checkpoint_header(path: str) -> Header:
@@ -173,19 +215,18 @@ def _held(dm: nn.Module) -> set[str]:
 
 
 def is_lazy(base: Any) -> bool:
-    lazy = getattr(base, "ferry_checkpoint", None)
-    dm = getattr(base, "diffusion_model", None)
-    if lazy is None or dm is None:
+    lazy: Lazy | None = getattr(base, "ferry_checkpoint", None)
+    net = None if lazy is None else lazy.network(base)
+    if net is None:
         return False
-    return any(p.device.type == "meta" for p in dm.parameters())
+    return any(p.device.type == "meta" for p in net.parameters())
 
 
 def materialize(base: Any, device: torch.device) -> None:
-    """Reads the whole diffusion model from its file onto ``device`` (a plain load)."""
-    lazy: LazyCheckpoint = base.ferry_checkpoint
-    dm: nn.Module = base.diffusion_model
-    log.info("ferry: reading %s whole (no Ferry Offload Model after the loader)", lazy.path)
-    lazy.weights(dm).materialize(dm, device)
+    """Reads the whole network from its file(s) onto ``device`` (a plain load)."""
+    lazy: Lazy = base.ferry_checkpoint
+    log.info("ferry: reading %s whole (no Ferry offload node after the loader)", lazy.path)
+    lazy.materialize(lazy.network(base), device)
 
 
 def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights | None:
@@ -194,11 +235,12 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
     base = patcher.model
     if not is_lazy(base):
         return None
-    lazy: LazyCheckpoint = base.ferry_checkpoint
+    lazy: Lazy = base.ferry_checkpoint
+    pre = lazy.patch_prefix
     patches = patcher.patches
     for key in patches:
         _, set_func, convert_func = comfy.model_patcher.get_key_weight(base, key)
-        if set_func is not None or convert_func is not None or not key.startswith(DM):
+        if set_func is not None or convert_func is not None or not key.startswith(pre):
             materialize(base, patcher.offload_device)
             return None
 
@@ -208,14 +250,14 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
         # ModelPatcher.patch_weight_to_device, without the backup copy (the file is the backup):
         # in the dtype that core computes a LoRA in (lora_compute_dtype: float16 on most NVIDIA
         # cards since v0.4), rounded back with core's per-key seed.
-        key = DM + name
+        key = pre + name
         temp = mm.cast_to_device(weight, device_to, temp_dtype, copy=True)
         out = comfy.lora.calculate_weight(patches[key], temp, key)
         seed = comfy_core.string_to_seed(key)
         out = comfy.float.stochastic_rounding(out, weight.dtype, seed=seed)
         return out.to("cpu")
 
-    return lazy.weights(base.diffusion_model, convert, lambda name: DM + name in patches)
+    return lazy.open_stream(lazy.network(base), convert, lambda name: pre + name in patches)
 
 
 def bytes_to_write(patcher: Any, plan: Any) -> int | None:
@@ -225,9 +267,11 @@ def bytes_to_write(patcher: Any, plan: Any) -> int | None:
     base = patcher.model
     if not is_lazy(base):
         return None
-    lazy: LazyCheckpoint = base.ferry_checkpoint
+    lazy: Lazy = base.ferry_checkpoint
     patches = patcher.patches
-    weights = lazy.weights(base.diffusion_model, None, lambda name: DM + name in patches)
+    weights = lazy.weights(
+        lazy.network(base), None, lambda name: lazy.patch_prefix + name in patches
+    )
     return sum(
         spec.nbytes
         for spec, gp in zip(plan.grouping.groups, plan.groups)

@@ -26,6 +26,8 @@ COMFY_MODULES = (
     "comfy_core",
     "text_encoder_node",
     "text_encoder_patcher",
+    "text_encoder_stream",
+    "text_encoder_loader_node",
 )
 
 

@@ -53,9 +53,17 @@ def build_on_meta(build: Callable[[torch.device | None], M], stored: Container[s
         model = build(None)
     finally:
         hook.remove()
+    settle_on_meta(model, stored)
+    return model
+
+
+def settle_on_meta(model: nn.Module, stored: Container[str]) -> None:
+    """After a build: each persistent tensor ``stored`` names goes on meta (the file is its
+    value); a ConfigError names a computed tensor that came out on meta. For a host that
+    builds on meta itself (a text encoder built with ``initial_device`` meta), whose
+    constructor still makes some tensors on the CPU with their values (a CLIP's logit_scale)."""
     _stored_on_meta(model, stored)
     _check_computed(model)
-    return model
 
 
 def _on_meta(t: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ the real fault happens, never inside Ferry:
 """
 
 import errno
+import functools
 import inspect
 import json
 import os
@@ -168,35 +169,60 @@ NODE_CLASS_MAPPINGS = {
 # -- tiny text encoders (make_text_encoders.py) ------------------------------------------------
 # Core builds a text encoder from a fixed config and sizes it only through its own hook,
 # model_options["<model_name>_model_config"], which CLIPLoader has no input for: a file written
-# by make_text_encoders.py names its sizes in its metadata, handed to core's load_clip here.
-# Files without that metadata load exactly as core loads them.
-_real_load_clip = comfy.sd.load_clip
+# by make_text_encoders.py names its sizes in its metadata, handed to core's
+# load_text_encoder_state_dicts here. That is where every loader meets (core's load_clip, the
+# dynamic delegate's reload, Ferry's text-encoder loader, which gives it meta tensors): it sees
+# state dicts, not paths, so a state dict is known by its keys and shapes. State dicts of other
+# files load exactly as core loads them.
+_real_load_te = comfy.sd.load_text_encoder_state_dicts
+_te_signature = inspect.signature(_real_load_te)
+_sized = {}  # path -> (mtime, signature, sizes)
 
 
-def _tiny_sizes(paths):
+def _signature(named_shapes):
+    return frozenset((k, tuple(int(n) for n in shape)) for k, shape in named_shapes)
+
+
+def _sized_files():
+    import folder_paths
     from safetensors import safe_open
 
+    for name in folder_paths.get_filename_list("text_encoders"):
+        path = folder_paths.get_full_path("text_encoders", name)
+        if not path or not path.endswith(".safetensors"):
+            continue
+        mtime = os.path.getmtime(path)
+        if _sized.get(path, (None,))[0] != mtime:
+            with safe_open(path, framework="pt") as f:
+                meta = (f.metadata() or {}).get("ferry_test_model_config")
+                sig = (
+                    _signature((k, f.get_slice(k).get_shape()) for k in list(f.keys()))
+                    if meta
+                    else None
+                )
+            _sized[path] = (mtime, sig, json.loads(meta) if meta else None)
+        yield _sized[path][1:]
+
+
+def _tiny_sizes(state_dicts):
+    sigs = {_signature((k, v.shape) for k, v in sd.items()) for sd in state_dicts}
     sizes = {}
-    for p in paths:
-        if str(p).endswith(".safetensors"):
-            with safe_open(str(p), framework="pt") as f:
-                sizes.update(json.loads((f.metadata() or {}).get("ferry_test_model_config", "{}")))
+    for sig, found in _sized_files():
+        if sig in sigs:
+            sizes.update(found)
     return sizes
 
 
-_load_clip_signature = inspect.signature(_real_load_clip)
-
-
-def _load_clip(*args, **kwargs):
-    # Core calls it by keyword (CLIPLoader) and by position (load_clip_model_patcher, which
-    # ModelPatcherDynamic's non-dynamic delegate re-runs).
-    call = _load_clip_signature.bind(*args, **kwargs)
+@functools.wraps(_real_load_te)
+def _load_te(*args, **kwargs):
+    call = _te_signature.bind(*args, **kwargs)
     given = call.arguments.get("model_options") or {}
-    call.arguments["model_options"] = {**given, **_tiny_sizes(call.arguments["ckpt_paths"])}
-    return _real_load_clip(*call.args, **call.kwargs)
+    sizes = _tiny_sizes(call.arguments.get("state_dicts") or [])
+    call.arguments["model_options"] = {**given, **sizes}
+    return _real_load_te(*call.args, **call.kwargs)
 
 
-comfy.sd.load_clip = _load_clip
+comfy.sd.load_text_encoder_state_dicts = _load_te
 
 # -- fault injection -------------------------------------------------------------------------
 _lock = threading.Lock()

@@ -20,7 +20,12 @@ input for. So each file carries the sizes it was built with in its safetensors m
 long-CLIP detection (``long_clipl.model_options_long_clip``) rebuilds ``clip_l_model_config`` from
 it. Detection, tokenizers (core ships them: T5, CLIP, Llama) and every layer are core's.
 
-    python make_text_encoders.py <comfyui checkout> <models dir>
+    python make_text_encoders.py <comfyui checkout> <models dir> [--big]
+
+``--big`` also writes ``ferry-big-t5xxl.safetensors``: a T5-XXL-shaped encoder of about
+1.7 GB in float16 (the dtype v0.33 computes a T5 in on a CPU: streamed verbatim), bigger than
+twice the cgroup limit of test_comfyui_text_encoder_cgroup.py. It is made tensor by tensor
+from the network built on meta, so writing it needs the file's size in RAM, not twice it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,12 @@ T5XXL = [
     {"d_model": 32, "d_kv": 16, "num_heads": 2, "d_ff": 10240, "num_layers": 24},
     {"d_model": 4096, "d_kv": 16, "num_heads": 2, "d_ff": 32, "num_layers": 24},
 ]
+#: The big one: the same detection rules, sizes for about 1.7 GB of float16.
+BIG_T5XXL = [
+    {"d_model": 1024, "d_kv": 64, "num_heads": 16, "d_ff": 10240, "num_layers": 24},
+    {"d_model": 4096, "d_kv": 64, "num_heads": 16, "d_ff": 1024, "num_layers": 24},
+]
+BIG_T5XXL_FILE = "ferry-big-t5xxl.safetensors"
 CLIP_L = {
     "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
     "num_hidden_layers": 4, "projection_dim": 32,
@@ -100,7 +111,25 @@ def _detected_as(cls: Any, model_name: str, candidates: list[dict], want: str) -
     raise SystemExit(f"core detects none of {candidates} as {want}")
 
 
-def main(comfy_dir: str, models_dir: str) -> None:
+def _big_t5(cls: Any, out_dir: str) -> None:
+    """The big T5, float16, its values seeded per tensor (small: 24 blocks stay finite)."""
+    import torch
+    from safetensors.torch import save_file
+
+    sizes = _detected_as(cls, "t5xxl", BIG_T5XXL, "T5_XXL")
+    options = {"model_name": "t5xxl", "t5xxl_model_config": dict(sizes)}
+    te = cls(device="meta", dtype=torch.float32, model_options=options)
+    g = torch.Generator().manual_seed(4)
+    sd = {
+        k: (torch.randn(v.shape, generator=g) * 0.02).to(torch.float16)
+        for k, v in te.transformer.state_dict().items()
+    }
+    meta = {META_KEY: json.dumps({"t5xxl_model_config": sizes})}
+    save_file(sd, os.path.join(out_dir, BIG_T5XXL_FILE), metadata=meta)
+    print(f"{BIG_T5XXL_FILE}: {sum(v.numel() for v in sd.values())} values, {len(sd)} tensors")
+
+
+def main(comfy_dir: str, models_dir: str, big: bool = False) -> None:
     sys.path.insert(0, comfy_dir)
     import comfy.cli_args
     import torch
@@ -131,7 +160,9 @@ def main(comfy_dir: str, models_dir: str) -> None:
         meta = {META_KEY: json.dumps({hook: sizes})}
         save_file(sd, os.path.join(out_dir, name), metadata=meta)
         print(f"{name}: {sum(v.numel() for v in sd.values())} values, {len(sd)} tensors")
+    if big:
+        _big_t5(t5, out_dir)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], "--big" in sys.argv[3:])

@@ -76,10 +76,22 @@ def ferry_te(**over: Any) -> dict[str, Any]:
     return {**inputs, **over}
 
 
+#: Ferry's loader in place of core's: the same inputs.
+FERRY_LOADERS = {"CLIPLoader": "FerryLoadTextEncoder", "DualCLIPLoader": "FerryLoadTextEncoderDual"}
+
+
 def te_graph(
-    case: str, prefix: str, ferry: dict[str, Any] | None = None, text: str = TEXT
+    case: str,
+    prefix: str,
+    ferry: dict[str, Any] | None = None,
+    text: str = TEXT,
+    ferry_loader: bool = False,
+    **loader_inputs: Any,
 ) -> dict[str, Any]:
     loader, inputs, _ = CASES[case]
+    inputs = {**inputs, **loader_inputs}
+    if ferry_loader:
+        loader = FERRY_LOADERS[loader]
     g: dict[str, Any] = {"1": {"class_type": loader, "inputs": inputs}}
     clip = ["1", 0]
     if ferry is not None:
@@ -211,3 +223,100 @@ def test_under_dynamic_vram_the_delegate_encodes_through_ferry(
     assert_equal(got, plain["flux"])
     (o,) = c.live()
     assert o["group_loads"] >= o["groups"] == 28 and o["bytes_moved"] > 0, o
+
+
+# -- Ferry Load Text Encoder(s): the weights stay in the file until the layout ----------------
+
+
+def test_the_loaders_offer_core_loaders_inputs(client: Client) -> None:
+    info = client.get("/object_info")
+    for core, ferry in FERRY_LOADERS.items():
+        want, got = info[core]["input"], info[ferry]["input"]
+        assert list(got["required"]) == list(want["required"]), ferry
+        assert options(got["required"]["type"]) == options(want["required"]["type"]), ferry
+        assert list(got.get("optional", {})) == list(want.get("optional", {})), ferry
+        assert info[ferry]["output"] == ["CLIP"]
+
+
+def options(spec: list[Any]) -> list[str]:
+    """A combo's choices in /object_info: V1 nodes list them, V3 nodes say COMBO."""
+    return spec[0] if isinstance(spec[0], list) else spec[1]["options"]  # type: ignore[no-any-return]
+
+
+def files_of(case: str) -> list[str]:
+    return [v for k, v in CASES[case][1].items() if k.startswith("clip_name")]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ferry_loader_then_a_plain_node_reads_the_files_whole(
+    client: Client, server: Server, plain: dict[str, dict[str, torch.Tensor]], case: str
+) -> None:
+    log_at = len(server.log.read_text(errors="replace"))
+    got = encode(client, server, te_graph(case, f"{case}-fl-plain", ferry_loader=True))
+    assert_equal(got, plain[case])
+    log = server.log.read_text(errors="replace")[log_at:]
+    assert "cannot stay in its file" not in log, log
+    assert "reading " in log and "whole (no Ferry offload node" in log, log
+    assert client.live() == []
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("tier", ["pinned", "ram", "disk"])
+@pytest.mark.parametrize("level", ["block", "leaf"])
+def test_ferry_loader_streams_the_file_into_the_layout(
+    client: Client,
+    server: Server,
+    plain: dict[str, dict[str, torch.Tensor]],
+    case: str,
+    tier: str,
+    level: str,
+) -> None:
+    log_at = len(server.log.read_text(errors="replace"))
+    ferry = ferry_te(tier=tier, level=level)
+    got = encode(
+        client, server, te_graph(case, f"{case}-fl-{tier}-{level}", ferry, ferry_loader=True)
+    )
+    assert_equal(got, plain[case])
+    log = server.log.read_text(errors="replace")[log_at:]
+    assert "ferry: laid out" in log, log
+    assert "cannot stay in its file" not in log and "no Ferry offload node" not in log, log
+    # The largest file is the layout's source; another (Flux's CLIP-L) is read whole for it.
+    *others, largest = sorted(
+        files_of(case), key=lambda n: (server.base / "models" / "text_encoders" / n).stat().st_size
+    )
+    for name in others:
+        assert f"{name} whole (beside the streamed" in log, log
+    assert f"{largest} whole" not in log, log
+    (o,) = client.live()
+    assert o["tier"] == tier and o["group_loads"] > 0, o
+
+
+def test_ferry_loader_unloads_and_encodes_again(client: Client, server: Server) -> None:
+    # Unloading moves the CLIP to its offload device while its weights are back in their files
+    # (meta): only what is real moves (a plain .to() would raise and stop ComfyUI's worker).
+    # device "cpu" (CLIPLoader's own widget; the CPU is the device here anyway): a loader
+    # output of its own, not the cached CLIP every earlier prompt shared.
+    ferry = ferry_te(tier="disk")
+    g = te_graph("flux", "fl-unload-1", ferry, ferry_loader=True, device="cpu")
+    encode(client, server, g)
+    client.unload_models(within_s=10)
+    laid = laid_out(server)
+    other = "a lighthouse in fog, long exposure"
+    g = te_graph("flux", "fl-unload-2", ferry, other, ferry_loader=True, device="cpu")
+    got = encode(client, server, g)
+    assert laid_out(server) == laid + 1
+    assert_equal(got, encode(client, server, te_graph("flux", "fl-unload-plain", text=other)))
+
+
+def test_under_dynamic_vram_the_ferry_loader_streams_and_reads_whole(
+    standin: Server, plain: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    # Core's Linears are built without weights under dynamic VRAM (the stand-in turns it on):
+    # the trace still sees which file tensor each one was given.
+    c = Client(standin.url)
+    ferry = ferry_te(tier="disk")
+    assert_equal(
+        encode(c, standin, te_graph("flux", "dyn-fl", ferry, ferry_loader=True)), plain["flux"]
+    )
+    assert_equal(encode(c, standin, te_graph("t5", "dyn-fl-plain", ferry_loader=True)), plain["t5"])
+    assert "cannot stay in its file" not in standin.log.read_text(errors="replace")

@@ -1,0 +1,250 @@
+"""The Ferry text-encoder loader's CLIP: core's own CLIP, its encoders' tensors on the meta
+device, their weights left in the file(s) until Ferry Offload Text Encoder lays them out
+(stream_loader.py does the same for a diffusion model).
+
+Core decides everything as CLIPLoader does: ``comfy.sd.load_text_encoder_state_dicts`` is
+given each file's tensors as meta tensors (from the safetensors header: nothing of the file is
+read but its small non-float tensors, such as a tokenizer blob core reads at build), detects
+the encoder kind from them, builds the CLIP (``initial_device`` meta: no weight is allocated)
+and hands each tensor to the encoder it belongs to, through its own key renames. Which file
+tensor each parameter got is seen, not guessed (offload_core/sources/load_trace.py). A tensor
+core replaced on the way (a transpose, a conversion) is not the file's, so that file cannot
+stay in it: ``lazy_clip`` returns None and the caller loads the CLIP whole, saying so, as the
+diffusion loader does for files core converts (its quantized formats).
+
+With Ferry Offload Text Encoder after the loader, the largest file is the layout's source
+(every group of its encoder read straight from it); the other files (a CLIP-L beside a T5)
+are read whole when the layout is built. With any other node after it, every file is read
+whole first (``materialize``): the same CLIP as CLIPLoader's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import comfy.sd
+import folder_paths
+import torch
+from torch import nn
+
+from ..offload_core import ConfigError
+from ..offload_core.model import meta_build
+from ..offload_core.sources.checkpoint import CheckpointIndex
+from ..offload_core.sources.checkpoint_stream import CheckpointWeights, Converter
+from ..offload_core.sources.load_trace import LoadTrace, header_state_dict, unsourced
+from ..seam.patcher_class import with_ferry
+from .config import NodeInputError
+from .dynamic import give_lazy_layers_meta_weights
+from .stream_loader import core_quant_format
+from .text_encoder_patcher import TextEncoderPatcherMixin
+
+log = logging.getLogger("ferry")
+META = torch.device("meta")
+
+
+@dataclass(frozen=True)
+class EncoderFile:
+    """One text-encoder file: which of the network's tensors (state-dict names) it holds,
+    under which of its keys."""
+
+    path: str
+    setting: str  # the widget that chose it (errors name it)
+    keys: dict[str, str]  # network name -> file key
+
+    def weights(
+        self, convert: Converter | None = None, changed: Callable[[str], bool] | None = None
+    ) -> CheckpointWeights:
+        index = CheckpointIndex.open(self.path, self.setting)
+        return CheckpointWeights(index, self.keys, "", convert, changed)
+
+    @property
+    def nbytes(self) -> int:
+        return os.path.getsize(self.path)
+
+
+@dataclass(frozen=True)
+class LazyTextEncoder:
+    """Where a lazy CLIP's encoder tensors are (``cond_stage_model.ferry_checkpoint``): the
+    largest file streams into Ferry's layout, the others are read whole when it is built."""
+
+    files: tuple[EncoderFile, ...]
+    patch_prefix = ""  # a CLIP patcher's patch keys are the network's own names
+
+    @property
+    def streamed(self) -> EncoderFile:
+        return max(self.files, key=lambda f: f.nbytes)
+
+    @property
+    def path(self) -> str:
+        return self.streamed.path
+
+    def network(self, base: Any) -> nn.Module:
+        return base  # a CLIP patcher's model is the text encoder itself
+
+    def weights(
+        self,
+        net: nn.Module,
+        convert: Converter | None = None,
+        changed: Callable[[str], bool] | None = None,
+    ) -> CheckpointWeights:
+        """The streamed file as the layout's source."""
+        return self.streamed.weights(convert, changed)
+
+    def open_stream(
+        self,
+        net: nn.Module,
+        convert: Converter | None = None,
+        changed: Callable[[str], bool] | None = None,
+    ) -> CheckpointWeights:
+        """The other files read whole (on the CPU), then the streamed one as the source."""
+        for f in self.files:
+            if f is not self.streamed:
+                log.info("ferry: reading %s whole (beside the streamed %s)", f.path, self.path)
+                _read_whole(f, net, torch.device("cpu"))
+        return self.weights(net, convert, changed)
+
+    def materialize(self, net: nn.Module, device: torch.device) -> None:
+        for f in self.files:
+            _read_whole(f, net, device)
+
+
+def _read_whole(f: EncoderFile, net: nn.Module, device: torch.device) -> None:
+    """Every tensor of ``f`` still on meta, read onto ``device``."""
+    weights = f.weights()
+    with weights:
+        real: dict[int, torch.Tensor] = {}
+        keep: list[torch.Tensor] = []  # the meta tensors, so no id is reused meanwhile
+        for mname, mod in net.named_modules(remove_duplicate=False):
+            for table in (mod._parameters, mod._buffers):
+                for attr, t in table.items():
+                    name = f"{mname}.{attr}" if mname else attr
+                    if t is None or t.device != META or name not in f.keys:
+                        continue
+                    if id(t) not in real:
+                        value = weights.read_tensor(name, t).to(device)
+                        if isinstance(t, nn.Parameter):
+                            grad = t.requires_grad and value.dtype.is_floating_point
+                            value = nn.Parameter(value, requires_grad=grad)
+                        real[id(t)] = value
+                        keep.append(t)
+                    table[attr] = real[id(t)]  # type: ignore[assignment]
+
+
+def _with_plain_patcher(load: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` asking core for a plain (non-dynamic) patcher where it has the choice
+    (v0.15+): Ferry owns the loading, as ``comfy_core.load_diffusion_model`` asks."""
+    if "disable_dynamic" in inspect.signature(load).parameters:
+        return {**kwargs, "disable_dynamic": True}
+    return kwargs
+
+
+def _core_load_clip(
+    paths: list[str], clip_type: Any, model_options: dict[str, Any], embedding_directory: Any
+) -> Any:
+    """``comfy.sd.load_clip`` as CLIPLoader calls it (the whole files read into RAM)."""
+    load = comfy.sd.load_clip
+    kwargs = dict(
+        ckpt_paths=paths,
+        embedding_directory=embedding_directory,
+        clip_type=clip_type,
+        model_options=model_options,
+    )
+    return load(**_with_plain_patcher(load, kwargs))
+
+
+def _core_build(
+    sds: list[dict[str, torch.Tensor]],
+    clip_type: Any,
+    model_options: dict[str, Any],
+    embedding_directory: Any,
+) -> Any:
+    """``comfy.sd.load_text_encoder_state_dicts`` as ``load_clip`` calls it."""
+    load = comfy.sd.load_text_encoder_state_dicts
+    kwargs = dict(
+        embedding_directory=embedding_directory, clip_type=clip_type, model_options=model_options
+    )
+    return load(sds, **_with_plain_patcher(load, kwargs))
+
+
+def lazy_clip(
+    paths: list[tuple[str, str]],
+    clip_type: Any,
+    model_options: dict[str, Any],
+    embedding_directory: Any,
+) -> Any | None:
+    """A CLIP whose encoders are on meta, their weights left in ``paths`` ((path, widget)
+    pairs); None where core must convert a file in RAM (the caller loads it whole)."""
+    indexes = []
+    for path, setting in paths:
+        try:
+            index = CheckpointIndex.open(path, setting)
+        except ConfigError as e:
+            raise NodeInputError(setting, str(e).removeprefix(f"{setting}: ")) from None
+        quant = core_quant_format(index.entries, index.header.metadata)
+        if quant is not None:
+            return _not_lazy(path, f"ComfyUI's {quant} format, which its loader converts")
+        if not path.endswith(".safetensors"):
+            return _not_lazy(path, "not a safetensors file")
+        indexes.append(index)
+    trace = LoadTrace([header_state_dict(index) for index in indexes])
+    built: list[Any] = []
+    try:
+        with trace:
+            options = {**model_options, "initial_device": META}
+            built.append(_core_build(trace.state_dicts, clip_type, options, embedding_directory))
+        net: nn.Module = built[0].cond_stage_model
+        keys = trace.sources(net)
+        meta_build.settle_on_meta(net, set().union(*keys))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, ConfigError) as e:
+        return _not_lazy(paths[0][0], str(e))
+    give_lazy_layers_meta_weights(net)
+    missing = unsourced(net, keys)
+    if missing:
+        return _not_lazy(
+            paths[0][0],
+            f"{len(missing)} tensors core did not take verbatim from the file "
+            f"(converted, or left to the constructor), e.g. {missing[0]}",
+        )
+    files = tuple(EncoderFile(path, setting, k) for (path, setting), k in zip(paths, keys) if k)
+    net.ferry_checkpoint = LazyTextEncoder(files)  # type: ignore[assignment]
+    return built[0]
+
+
+def _not_lazy(path: str, why: str) -> None:
+    log.info("ferry: %s cannot stay in its file (%s); loading it whole", path, why)
+    return None
+
+
+def text_encoder_paths(files: dict[str, str]) -> list[tuple[str, str]]:
+    """(path, widget) of each chosen file ({widget: name in models/text_encoders})."""
+    paths = []
+    for widget, name in files.items():
+        path = folder_paths.get_full_path("text_encoders", name)
+        if path is None:
+            raise NodeInputError(widget, f"{name!r} is not in models/text_encoders")
+        paths.append((path, widget))
+    return paths
+
+
+def load_text_encoder(files: dict[str, str], clip_type: Any, model_options: dict[str, Any]) -> Any:
+    """The Ferry loader's CLIP from ``files`` ({widget: name in models/text_encoders}): its
+    encoders' weights left in the files where core needs no conversion of them, else core's
+    own CLIP loaded whole (the log says why). Either way its patcher is Ferry's with no
+    offload, so a plain load reads the weights whole, as CLIPLoader does."""
+    paths = text_encoder_paths(files)
+    embeddings = folder_paths.get_folder_paths("embeddings")
+    clip = lazy_clip(paths, clip_type, model_options, embeddings)
+    if clip is None:
+        log.warning(
+            "ferry: %s needs ComfyUI's own conversion, so it is loaded whole into RAM; save it "
+            "in ComfyUI's plain layout (unquantized safetensors) to run it bigger than RAM",
+            ", ".join(p for p, _ in paths),
+        )
+        clip = _core_load_clip([p for p, _ in paths], clip_type, model_options, embeddings)
+    clip.patcher.__class__ = with_ferry(TextEncoderPatcherMixin, type(clip.patcher))
+    return clip
