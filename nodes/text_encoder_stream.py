@@ -115,24 +115,7 @@ class LazyTextEncoder:
 
 def _read_whole(f: EncoderFile, net: nn.Module, device: torch.device) -> None:
     """Every tensor of ``f`` still on meta, read onto ``device``."""
-    weights = f.weights()
-    with weights:
-        real: dict[int, torch.Tensor] = {}
-        keep: list[torch.Tensor] = []  # the meta tensors, so no id is reused meanwhile
-        for mname, mod in net.named_modules(remove_duplicate=False):
-            for table in (mod._parameters, mod._buffers):
-                for attr, t in table.items():
-                    name = f"{mname}.{attr}" if mname else attr
-                    if t is None or t.device != META or name not in f.keys:
-                        continue
-                    if id(t) not in real:
-                        value = weights.read_tensor(name, t).to(device)
-                        if isinstance(t, nn.Parameter):
-                            grad = t.requires_grad and value.dtype.is_floating_point
-                            value = nn.Parameter(value, requires_grad=grad)
-                        real[id(t)] = value
-                        keep.append(t)
-                    table[attr] = real[id(t)]  # type: ignore[assignment]
+    f.weights().materialize(net, device, only=f.keys.__contains__)
 
 
 def _with_plain_patcher(load: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:

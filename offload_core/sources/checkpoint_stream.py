@@ -65,18 +65,25 @@ class CheckpointWeights:
         index = CheckpointIndex.open(path, setting)
         return cls(index, index.match(model, prefix), prefix, convert, changed)
 
-    def materialize(self, model: nn.Module, device: torch.device | str) -> None:
-        """Every meta tensor of ``model`` read whole onto ``device`` (a plain, resident load)."""
+    def materialize(
+        self,
+        model: nn.Module,
+        device: torch.device | str,
+        only: Callable[[str], bool] | None = None,
+    ) -> None:
+        """Every meta tensor of ``model`` read whole onto ``device`` (a plain, resident load);
+        with ``only``, the tensors whose qualified names it accepts (a model whose tensors
+        are spread over several files reads each file's own)."""
         with self:
             real: dict[int, torch.Tensor] = {}
             keep: list[torch.Tensor] = []  # the meta tensors, so no id is reused meanwhile
             for mname, mod in model.named_modules(remove_duplicate=False):
                 for table in (mod._parameters, mod._buffers):
                     for attr, t in table.items():
-                        if t is None or t.device.type != "meta":
+                        name = f"{mname}.{attr}" if mname else attr
+                        if t is None or t.device.type != "meta" or (only and not only(name)):
                             continue
                         if id(t) not in real:
-                            name = f"{mname}.{attr}" if mname else attr
                             value = self.read_tensor(name, t).to(device)
                             if isinstance(t, nn.Parameter):
                                 grad = t.requires_grad and value.dtype.is_floating_point
