@@ -15,6 +15,7 @@ every checkout it is given (default: the three under /work/comfy).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -25,6 +26,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -157,6 +159,24 @@ def start_server(
                 stop_server(srv)
                 pytest.fail(f"ComfyUI did not answer in 180 s:\n{srv.log_tail()}")
             time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def limited_server(
+    base: Path, limit: int, name: str, *, standin: str = ""
+) -> Iterator[tuple[Server, Any]]:
+    """ComfyUI started inside a memory cgroup of ``limit`` bytes (tests/cgroup_limit.py);
+    stopped and the cgroup removed after."""
+    from tests import cgroup_limit
+
+    comfy, py = comfy_checkout()
+    group = cgroup_limit.MemoryGroup(limit, name=name)
+    srv = start_server(comfy, py, base, preexec_fn=group.enter, standin=standin)
+    try:
+        yield srv, group
+    finally:
+        stop_server(srv)
+        group.remove()
 
 
 def stop_server(srv: Server) -> None:

@@ -19,7 +19,15 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import HAS_AIMDO, Server, comfy_checkout, make_base, start_server, stop_server
+from conftest import (
+    HAS_AIMDO,
+    Server,
+    comfy_checkout,
+    limited_server,
+    make_base,
+    start_server,
+    stop_server,
+)
 from ferry_workflows import Client, error_message, ferry, graph, saved_latent_name
 from make_big_model import LORA_FILE, MODEL_FILE
 from safetensors.torch import load_file
@@ -130,14 +138,9 @@ class RssAnonPeak:
 
 
 def _limited(big_base: Path, standin: str) -> Iterator[Any]:
-    comfy, py = comfy_checkout()
-    group = cgroup_limit.MemoryGroup(LIMIT, name=f"ferry-19-{standin or 'off'}")
-    srv = start_server(comfy, py, big_base, preexec_fn=group.enter, standin=standin)
-    try:
+    name = f"ferry-19-{standin or 'off'}"
+    with limited_server(big_base, LIMIT, name, standin=standin) as (srv, group):
         yield srv, group, standin
-    finally:
-        stop_server(srv)
-        group.remove()
 
 
 STANDINS = ["", "aimdo"] if HAS_AIMDO else [""]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Server, comfy_checkout, start_server, stop_server
+from conftest import Server, comfy_checkout, limited_server, start_server, stop_server
 from ferry_workflows import Client, ferry, graph
 from test_comfyui_bigger_than_ram import RssAnonPeak, _free, _run
 from test_comfyui_gguf import COND, GGUF_PACK, LATENT, gguf_base
@@ -57,14 +57,8 @@ def reference(big_base: Path) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def limited(big_base: Path, reference: torch.Tensor) -> Iterator[tuple[Server, Any]]:
-    comfy, py = comfy_checkout()
-    group = cgroup_limit.MemoryGroup(LIMIT, name="ferry-28-gguf")
-    srv = start_server(comfy, py, big_base, preexec_fn=group.enter)
-    try:
-        yield srv, group
-    finally:
-        stop_server(srv)
-        group.remove()
+    with limited_server(big_base, LIMIT, "ferry-28-gguf") as served:
+        yield served
 
 
 def test_a_gguf_bigger_than_the_limit_runs_through_the_disk_tier(
