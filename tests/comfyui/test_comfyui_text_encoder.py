@@ -89,9 +89,20 @@ def te_graph(
     **loader_inputs: Any,
 ) -> dict[str, Any]:
     loader, inputs, _ = CASES[case]
-    inputs = {**inputs, **loader_inputs}
     if ferry_loader:
         loader = FERRY_LOADERS[loader]
+    return clip_graph(loader, {**inputs, **loader_inputs}, prefix, ferry, text)
+
+
+def clip_graph(
+    loader: str,
+    inputs: dict[str, Any],
+    prefix: str,
+    ferry: dict[str, Any] | None = None,
+    text: str = TEXT,
+) -> dict[str, Any]:
+    """``loader`` (its ``inputs``), then Ferry Offload Text Encoder with ``ferry`` (None: no
+    Ferry node), then CLIPTextEncode of ``text``, the conditioning saved under ``prefix``."""
     g: dict[str, Any] = {"1": {"class_type": loader, "inputs": inputs}}
     clip = ["1", 0]
     if ferry is not None:

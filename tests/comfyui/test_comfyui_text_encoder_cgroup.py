@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Server, comfy_checkout, make_base, start_server, stop_server
+from conftest import Server, comfy_checkout, limited_server, make_base, start_server, stop_server
 from ferry_workflows import Client
 from make_text_encoders import BIG_T5XXL_FILE
 from test_comfyui_bigger_than_ram import RssAnonPeak
-from test_comfyui_text_encoder import TEXT, assert_equal, encode, ferry_te
+from test_comfyui_text_encoder import assert_equal, clip_graph, encode, ferry_te
 
 from tests import cgroup_limit
 
@@ -40,19 +40,10 @@ pytestmark = pytest.mark.skipif(
 
 def big_graph(prefix: str, with_ferry: bool) -> dict[str, Any]:
     inputs = {"clip_name": BIG_T5XXL_FILE, "type": "sd3"}
-    loader = "FerryLoadTextEncoder" if with_ferry else "CLIPLoader"
-    g: dict[str, Any] = {"1": {"class_type": loader, "inputs": inputs}}
-    clip = ["1", 0]
-    if with_ferry:
-        g["10"] = {"class_type": "FerryOffloadTextEncoder", "inputs": {"clip": clip}}
-        g["10"]["inputs"].update(ferry_te(tier="disk", prefetch_depth=1))
-        clip = ["10", 0]
-    g["2"] = {"class_type": "CLIPTextEncode", "inputs": {"text": TEXT, "clip": clip}}
-    g["3"] = {
-        "class_type": "FerryTestSaveConditioning",
-        "inputs": {"conditioning": ["2", 0], "filename_prefix": prefix},
-    }
-    return g
+    if not with_ferry:
+        return clip_graph("CLIPLoader", inputs, prefix)
+    ferry = ferry_te(tier="disk", prefetch_depth=1)
+    return clip_graph("FerryLoadTextEncoder", inputs, prefix, ferry)
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +67,8 @@ def reference(big_base: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def limited(big_base: Path, reference: dict[str, torch.Tensor]) -> Iterator[Any]:
-    comfy, py = comfy_checkout()
-    group = cgroup_limit.MemoryGroup(LIMIT, name="ferry-29-te")
-    srv = start_server(comfy, py, big_base, preexec_fn=group.enter)
-    try:
-        yield srv, group
-    finally:
-        stop_server(srv)
-        group.remove()
+    with limited_server(big_base, LIMIT, "ferry-29-te") as served:
+        yield served
 
 
 def test_ferry_loader_encodes_a_text_encoder_bigger_than_the_limit(
