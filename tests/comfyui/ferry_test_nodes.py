@@ -138,6 +138,36 @@ class FerryTestSaveConditioning:
         return {"ui": {"conditioning": [{"filename": name}]}}
 
 
+class FerryTestSaveImage:
+    """Saves an IMAGE's tensor to output/<filename_prefix>.safetensors (SaveImage's PNG keeps 8
+    bits a channel: two images a bit apart can save the same file)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "images": ("IMAGE",),
+                "filename_prefix": ("STRING", {"default": "ferry-image"}),
+            }
+        }
+
+    RETURN_TYPES = ()
+    FUNCTION = "save"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def save(self, images, filename_prefix):
+        import folder_paths
+        from safetensors.torch import save_file
+
+        name = f"{filename_prefix}.safetensors"
+        os.makedirs(folder_paths.get_output_directory(), exist_ok=True)
+        save_file(
+            {"images": images.contiguous()}, os.path.join(folder_paths.get_output_directory(), name)
+        )
+        return {"ui": {"tensors": [{"filename": name}]}}
+
+
 class FerryTestDynamoGraphs:
     """Passes a LATENT on and prints how many graphs torch.compile (dynamo) has compiled in
     this process so far, from dynamo's own counter: a test reads recompilations off the log."""
@@ -162,6 +192,7 @@ NODE_CLASS_MAPPINGS = {
     "FerryTestLatent": FerryTestLatent,
     "FerryTestPlainClone": FerryTestPlainClone,
     "FerryTestSaveConditioning": FerryTestSaveConditioning,
+    "FerryTestSaveImage": FerryTestSaveImage,
     "FerryTestDynamoGraphs": FerryTestDynamoGraphs,
 }
 

@@ -23,7 +23,8 @@ it. Detection, tokenizers (core ships them: T5, CLIP, Llama) and every layer are
     python make_text_encoders.py <comfyui checkout> <models dir> [--big]
 
 ``--big`` also writes ``ferry-big-t5xxl.safetensors``: a T5-XXL-shaped encoder of about
-1.7 GB in float16 (the dtype v0.33 computes a T5 in on a CPU: streamed verbatim), bigger than
+1.7 GB in float16 (``--big-layers=36``: 36 blocks, about 2.5 GB, for the whole graph of
+make_whole_graph.py) (the dtype v0.33 computes a T5 in on a CPU: streamed verbatim), bigger than
 twice the cgroup limit of test_comfyui_text_encoder_cgroup.py. It is made tensor by tensor
 from the network built on meta, so writing it needs the file's size in RAM, not twice it.
 """
@@ -111,12 +112,13 @@ def _detected_as(cls: Any, model_name: str, candidates: list[dict], want: str) -
     raise SystemExit(f"core detects none of {candidates} as {want}")
 
 
-def _big_t5(cls: Any, out_dir: str) -> None:
-    """The big T5, float16, its values seeded per tensor (small: 24 blocks stay finite)."""
+def _big_t5(cls: Any, out_dir: str, layers: int) -> None:
+    """The big T5, float16, its values seeded per tensor (small: the blocks stay finite);
+    ``layers`` blocks (24 or more: detection looks at the 24th)."""
     import torch
     from safetensors.torch import save_file
 
-    sizes = _detected_as(cls, "t5xxl", BIG_T5XXL, "T5_XXL")
+    sizes = {**_detected_as(cls, "t5xxl", BIG_T5XXL, "T5_XXL"), "num_layers": layers}
     options = {"model_name": "t5xxl", "t5xxl_model_config": dict(sizes)}
     te = cls(device="meta", dtype=torch.float32, model_options=options)
     g = torch.Generator().manual_seed(4)
@@ -129,7 +131,7 @@ def _big_t5(cls: Any, out_dir: str) -> None:
     print(f"{BIG_T5XXL_FILE}: {sum(v.numel() for v in sd.values())} values, {len(sd)} tensors")
 
 
-def main(comfy_dir: str, models_dir: str, big: bool = False) -> None:
+def main(comfy_dir: str, models_dir: str, big: bool = False, big_layers: int = 24) -> None:
     sys.path.insert(0, comfy_dir)
     import comfy.cli_args
     import torch
@@ -161,8 +163,10 @@ def main(comfy_dir: str, models_dir: str, big: bool = False) -> None:
         save_file(sd, os.path.join(out_dir, name), metadata=meta)
         print(f"{name}: {sum(v.numel() for v in sd.values())} values, {len(sd)} tensors")
     if big:
-        _big_t5(t5, out_dir)
+        _big_t5(t5, out_dir, big_layers)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], "--big" in sys.argv[3:])
+    flags = sys.argv[3:]
+    layers = [int(f.split("=", 1)[1]) for f in flags if f.startswith("--big-layers=")]
+    main(sys.argv[1], sys.argv[2], "--big" in flags, *layers)

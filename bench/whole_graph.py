@@ -1,0 +1,222 @@
+"""The whole graph in real ComfyUI (issue 29): a text encoder bigger than the diffusion model,
+the diffusion model, a VAE; plain against Ferry on the text encoder, the model, and both.
+
+    python -m bench.whole_graph --comfy /work/comfy/v0.33.0 [--workdir DIR] [--limit-mb 1800]
+        [--tier disk] [--out FILE]
+
+The files (tests/comfyui/whole_graph.py make_graph_base): a T5-XXL-shaped encoder of 2.5 GB
+float16 (CLIPLoader type sd3), an SD3-shaped MMDiT of 0.6 GB float32 whose
+text input is that T5's width, and SD3's 16-channel VAE (84 M values); the graph is
+tests/comfyui/whole_graph.py's. Each row is a fresh ComfyUI server (``--cpu``), so its time
+includes every load, as a user's first run of a workflow does. The files are read once before
+the rows, so every row starts with them in the page cache.
+
+Columns: ``first latent`` is the time from queueing the prompt to SaveLatent's file on disk;
+``done`` to the prompt's end (the VAE decode and the image saved); ``peak RSS`` is the
+process's VmHWM (its own memory and the file pages it mapped); ``peak anon`` its RssAnon
+sampled every 50 ms (its own memory alone: what a memory limit cannot reclaim);
+``equal`` compares the latent and the decoded image with the plain row's, ``torch.equal``.
+With ``--limit-mb``, plain and ferry-both run again inside a memory cgroup of that size
+(root; tests/cgroup_limit.py): ``killed`` where the kernel killed the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+HERE = REPO / "tests" / "comfyui"
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+MB = 1 << 20
+
+
+class Peaks:
+    """A process's RssAnon sampled on a thread; VmHWM read at the end (the kernel's peak)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.anon, self.hwm = pid, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _field(self, text: str, name: str) -> int:
+        return int(text.split(f"{name}:")[1].split()[0]) * 1024
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                text = Path(f"/proc/{self.pid}/status").read_text()
+                anon, hwm = self._field(text, "RssAnon"), self._field(text, "VmHWM")
+            except (OSError, IndexError):  # gone, or a zombie (no memory lines left)
+                return
+            self.anon, self.hwm = max(self.anon, anon), max(self.hwm, hwm)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def warm_cache(base: Path) -> None:
+    for p in sorted((base / "models").rglob("*.safetensors")):
+        with open(p, "rb") as f:
+            while f.read(64 * MB):
+                pass
+
+
+def run_row(base: Path, variant: Any, prefix: str, limit: int | None) -> dict[str, Any]:
+    """One fresh server (inside a cgroup of ``limit`` bytes if given) runs the whole graph."""
+    import torch
+    from conftest import comfy_checkout, start_server, stop_server
+    from ferry_workflows import Client, error_message, saved_latent_name
+    from safetensors.torch import load_file
+    from whole_graph import image_path, whole_graph
+
+    from tests import cgroup_limit
+
+    comfy, py = comfy_checkout()
+    group = cgroup_limit.MemoryGroup(limit, name="ferry-bench-graph") if limit else None
+    srv = start_server(comfy, py, base, preexec_fn=group.enter if group else None)
+    out: dict[str, Any] = {"row": variant.name, "limit": limit}
+    peaks = Peaks(srv.proc.pid)
+    try:
+        client = Client(srv.url)
+        t0 = time.monotonic()
+        status, body = client.queue(whole_graph(variant, prefix))
+        assert status == 200, body
+        first = None
+        while True:
+            if first is None and list((base / "output").glob(f"{prefix}_*.latent")):
+                first = time.monotonic() - t0
+            try:
+                hist, lost = client.get(f"/history/{body['prompt_id']}"), False
+            except OSError:
+                hist, lost = {}, True
+            if srv.proc.poll() is not None or (lost and _exits(srv.proc)):
+                out["killed"] = srv.proc.returncode == -9
+                out["error"] = f"server exited {srv.proc.returncode}"
+                return out
+            entry = hist.get(body["prompt_id"])
+            if entry and entry.get("status", {}).get("status_str") in ("success", "error"):
+                break
+            time.sleep(0.1)
+        out["done_s"] = time.monotonic() - t0
+        out["first_latent_s"] = first
+        if entry["status"]["status_str"] != "success":
+            out["error"] = error_message(entry)
+            return out
+        latent = load_file(str(base / "output" / saved_latent_name(entry)))["latent_tensor"]
+        out["latent"] = latent
+        out["image"] = load_file(str(image_path(base, prefix)))["images"]
+        out["finite"] = bool(torch.isfinite(out["image"]).all() and torch.isfinite(latent).all())
+        return out
+    finally:
+        peaks.stop()
+        out["peak_anon"], out["peak_rss"] = peaks.anon, peaks.hwm
+        if group is not None:
+            out["cgroup_peak"] = group.max_usage
+        stop_server(srv)
+        if group is not None:
+            group.remove()
+
+
+def _exits(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether a server that stopped answering has exited (within a few seconds)."""
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def table(rows: list[dict[str, Any]], reference: dict[str, Any]) -> str:
+    import torch
+
+    lines = [
+        "| row | memory limit | first latent (s) | done (s) | peak RSS (MiB) | peak anon (MiB) | equal to plain |",
+        "|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for r in rows:
+        limit = f"{r['limit'] // MB} MiB cgroup" if r["limit"] else "none"
+        if "error" in r:
+            what = "killed (-9)" if r.get("killed") else r["error"]
+            lines.append(
+                f"| {r['row']} | {limit} | - | - | {r['peak_rss'] / MB:.0f} | "
+                f"{r['peak_anon'] / MB:.0f} | {what} |"
+            )
+            continue
+        equal = torch.equal(r["latent"], reference["latent"]) and torch.equal(
+            r["image"], reference["image"]
+        )
+        first = r["first_latent_s"]
+        lines.append(
+            f"| {r['row']} | {limit} | {first:.1f} | {r['done_s']:.1f} | "
+            f"{r['peak_rss'] / MB:.0f} | {r['peak_anon'] / MB:.0f} | "
+            f"{'yes' if equal else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--comfy", default=os.environ.get("FERRY_COMFYUI"))
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/ferry-bench-graph"))
+    ap.add_argument("--limit-mb", type=int, default=0)
+    ap.add_argument("--tier", default="disk", choices=("pinned", "ram", "disk"))
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    if not args.comfy or not (Path(args.comfy) / "main.py").is_file():
+        ap.error("--comfy (or FERRY_COMFYUI) must name a ComfyUI checkout")
+    os.environ["FERRY_COMFYUI"] = str(Path(args.comfy).resolve())
+    from dataclasses import replace
+
+    from conftest import comfy_checkout
+    from make_text_encoders import BIG_T5XXL_FILE
+    from whole_graph import FERRY_BOTH, PLAIN, VARIANTS, make_graph_base
+
+    comfy, _ = comfy_checkout()
+    base = args.workdir / comfy.name
+    if not (base / "models" / "vae").is_dir():
+        base.mkdir(parents=True, exist_ok=True)
+        print(f"writing the models under {base} (a few minutes)", flush=True)
+        make_graph_base(base)
+    shutil.rmtree(base / "output", ignore_errors=True)  # a row's first latent is its own file
+    warm_cache(base)
+    te_mb = (base / "models" / "text_encoders" / BIG_T5XXL_FILE).stat().st_size // MB
+    rows = []
+    plan = [(replace(v, tier=args.tier), None) for v in VARIANTS]
+    if args.limit_mb:
+        if args.limit_mb * MB >= te_mb * MB:
+            ap.error(f"--limit-mb {args.limit_mb} is not below the text encoder's {te_mb} MiB")
+        plan += [
+            (replace(FERRY_BOTH, tier=args.tier), args.limit_mb * MB),
+            (PLAIN, args.limit_mb * MB),
+        ]
+    for i, (variant, limit) in enumerate(plan):
+        print(f"[{i + 1}/{len(plan)}] {variant.name} limit={limit and limit // MB}", flush=True)
+        rows.append(run_row(base, variant, f"bench-{i}-{variant.name}", limit))
+    reference = rows[0]
+    if "error" in reference:
+        print(f"the plain row failed: {reference['error']}", file=sys.stderr)
+        return 1
+    text = (
+        f"ComfyUI {comfy.name}, `--cpu`; text encoder {te_mb} MiB (T5-XXL-shaped, fp16), "
+        f"tier {args.tier}\n\n" + table(rows, reference)
+    )
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
