@@ -356,6 +356,20 @@ def test_ferry_loader_streams_the_file_into_the_layout(
     assert o["tier"] == tier and o["group_loads"] > 0, o
 
 
+def test_unloading_models_releases_the_shared_lazy_text_encoder(
+    client: Client, server: Server
+) -> None:
+    # The Ferry loader's Flux CLIP with the default device: the loader output the loader tests
+    # above share (an earlier session saw its layout outlive /free on v0.33 and v0.8 after them).
+    # ComfyUI's "Unload models" must release it: nothing of it is listed or held after.
+    encode(
+        client, server, te_graph("flux", "fl-shared-free", ferry_te(tier="disk"), ferry_loader=True)
+    )
+    (o,) = client.live()
+    assert o["title"] == "text encoder: clip_l + t5xxl", o
+    client.unload_models(within_s=10)
+
+
 def test_ferry_loader_unloads_and_encodes_again(client: Client, server: Server) -> None:
     # Unloading moves the CLIP to its offload device while its weights are back in their files
     # (meta): only what is real moves (a plain .to() would raise and stop ComfyUI's worker).
