@@ -359,9 +359,10 @@ def test_ferry_loader_streams_the_file_into_the_layout(
 def test_unloading_models_releases_the_shared_lazy_text_encoder(
     client: Client, server: Server
 ) -> None:
-    # The Ferry loader's Flux CLIP with the default device: the loader output the loader tests
-    # above share (an earlier session saw its layout outlive /free on v0.33 and v0.8 after them).
-    # ComfyUI's "Unload models" must release it: nothing of it is listed or held after.
+    # The Ferry loader's Flux CLIP with the default device, the loader output the loader tests
+    # above used: ComfyUI's "Unload models" releases its layout (nothing of it listed or held
+    # after). An earlier session saw a layout outlive /free here on v0.33 and v0.8: ComfyUI had
+    # not run the unload yet (its flag still pending 12 s later; Client.unload_models says why).
     encode(
         client, server, te_graph("flux", "fl-shared-free", ferry_te(tier="disk"), ferry_loader=True)
     )
