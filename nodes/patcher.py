@@ -229,7 +229,7 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
                 m.to(device)
                 outside += module_nbytes(m)
             if changed:
-                log.info("ferry: laid out %s\n%s", cfg.name, binding.handle.plan.describe())
+                log.info("ferry: laid out %s\n%s", cfg.title, binding.handle.plan.describe())
                 comfy_core.say_if_ram_cache_drops_models()
             self._ferry_account(device, binding.device_bytes() + outside)
             for callback in self.get_all_callbacks(CallbacksMP.ON_LOAD):

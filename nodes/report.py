@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..offload_core.offload_kind import OffloadKind
 from ..offload_core.runtime.memory import DeviceMemory, ProcessMemory
 from ..offload_core.units import fmt_bytes
 
@@ -32,8 +33,9 @@ def offload_lines(stats: dict[str, Any]) -> list[str]:
     tiers = ", ".join(
         f"{k} {fmt_bytes(v)}" for k, v in (stats.get("bytes_per_tier") or {}).items() if v
     )
+    title = OffloadKind(stats.get("kind", OffloadKind.MODEL)).line_title(str(stats.get("name")))
     return [
-        f"{stats.get('name')}: {stats.get('level')} level, tier {stats.get('tier')}, "
+        f"{title}: {stats.get('level')} level, tier {stats.get('tier')}, "
         f"{stats.get('groups')} groups ({stats.get('resident_groups')} resident), "
         f"prefetch {stats.get('prefetch_depth')}",
         f"  where the weights are: {tiers or '-'}",

@@ -35,11 +35,14 @@ def current_offloads() -> list[OffloadSample]:
 
 
 def offload_entry(o: OffloadSample) -> dict[str, Any]:
+    # Each line says what it is (a diffusion model, a text encoder) in words the browser
+    # shows as they are: ``kind`` is for code, ``title`` for people.
+    what = {"name": o.name, "kind": o.kind.value, "title": o.title}
     s = o.stats
     if "error" in s:
-        return {"name": o.name, "error": s["error"]}
+        return {**what, "error": s["error"]}
     out = {k: s.get(k) for k in _OFFLOAD_FIELDS}
-    out["name"] = o.name
+    out.update(what)
     out["tiers"] = {k: v for k, v in (s.get("bytes_per_tier") or {}).items() if v}
     # "Bytes moved": what reached the compute device. From disk onto a CPU nothing is
     # copied host-to-device (the read lands in the slot), so the disk bytes count there.

@@ -12,6 +12,7 @@ from typing import Any
 
 from comfy_api.latest import io, ui
 
+from ..offload_core import OffloadKind
 from .config import FerryConfig
 from .dynamic import DYNAMIC_VRAM_HELP
 from .offload_inputs import setting_inputs
@@ -55,7 +56,7 @@ class FerryOffloadTextEncoder(io.ComfyNode):
     def execute(cls, clip: Any, use_panel_settings: bool, **widgets: Any) -> io.NodeOutput:
         # The widgets are Ferry Offload Model's (the same names, defaults and checks).
         policy = node_policy(use_panel_settings, **widgets)
-        config = FerryConfig(policy, name=text_encoder_name(clip))
+        config = FerryConfig(policy, name=text_encoder_name(clip), kind=OffloadKind.TEXT_ENCODER)
         patcher = ferry_clone(clip.patcher, config, TextEncoderPatcherMixin)
         if patcher is None:  # left to ComfyUI's dynamic VRAM; the log says why, with the flag
             return io.NodeOutput(clip, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
@@ -68,5 +69,9 @@ class FerryOffloadTextEncoder(io.ComfyNode):
 
 
 def text_encoder_name(clip: Any) -> str:
-    """The name of the encoder's line in the sidebar, the panel and the log."""
-    return f"text encoder {type(clip.cond_stage_model).__name__}"
+    """The name on the encoder's line in the sidebar, the panel and the log (after its kind:
+    "text encoder: clip_l + t5xxl"): the encoders the CLIP holds, by the names core gives
+    them, or its class where it holds none by name."""
+    te = clip.cond_stage_model
+    encoders = [name for name, _ in te.named_children()]
+    return " + ".join(encoders) if encoders else type(te).__name__

@@ -28,6 +28,7 @@ from .errors import (
 from .loader import load_offloaded
 from .model.plan import OffloadPlan, plan_offload
 from .model.regional_compile import CompiledBlocks, CompileSettings
+from .offload_kind import OffloadKind
 from .policy import (
     BlockLevel,
     DiskTier,
@@ -65,6 +66,7 @@ __all__ = [
     "InferenceOnlyError",
     "LeafLevel",
     "OffloadHandle",
+    "OffloadKind",
     "OffloadPlan",
     "OffloadPolicy",
     "OffloadStats",

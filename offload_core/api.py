@@ -11,6 +11,7 @@ from torch import nn
 
 from . import registry
 from .model.plan import OffloadPlan, plan_offload
+from .offload_kind import OffloadKind, parse_kind
 from .policy import DiskTier, OffloadPolicy, parse_whole_number
 from .quant.report import QuantReport
 from .runtime.engine import Engine
@@ -35,9 +36,12 @@ class OffloadHandle:
         placement: Placement,
         engine: Engine | None,
         counters: Counters,
+        kind: OffloadKind = OffloadKind.MODEL,
     ) -> None:
         self.model = model
         self.name = name
+        #: What the network is (the UIs' line title says it).
+        self.kind = kind
         self.plan = plan
         self.policy = plan.policy
         self.device = plan.device
@@ -61,6 +65,7 @@ class OffloadHandle:
         dm = device_memory(self.device)
         return OffloadStats(
             name=self.name,
+            kind=self.kind.value,
             device=str(self.device),
             level=self.policy.level_name,
             tier=self.policy.tier_name,
@@ -141,6 +146,7 @@ def apply_offload(
     *,
     onload_device: str | torch.device | None = None,
     name: str | None = None,
+    kind: OffloadKind | str = OffloadKind.MODEL,
     progress: Progress | None = None,
     weights: CheckpointWeights | None = None,
     read_threads: int = 4,
@@ -154,11 +160,13 @@ def apply_offload(
     weights: for a model built on the meta device, where its tensors wait in its checkpoint
         (``load_offloaded`` opens it): every group is filled straight from the file, so the
         model is never in RAM; ``remove()`` puts its tensors back on meta.
+    kind: what ``model`` is in its pipeline (offload_kind.py), for the lines users read.
     read_threads: the disk reader's pool (disk/reader.py): a read of several chunks (a
         group's first, checked read; every read with ``DiskTier(verify="every_read")``)
         fans out on it, and a window read's copies run on it.
     """
     read_threads = parse_whole_number("read_threads", read_threads, 1)
+    kind = parse_kind(kind)
     plan = plan_offload(model, policy, onload_device=onload_device)
     name = _unique_name(name or type(model).__name__)
     backend = backend_for(plan.device)
@@ -177,7 +185,7 @@ def apply_offload(
             repair=placement.repair, read_threads=read_threads,
         )  # fmt: skip
         engine.install()
-    handle = OffloadHandle(model, name, plan, placement, engine, counters)
+    handle = OffloadHandle(model, name, plan, placement, engine, counters, kind)
     model.__dict__["_ferry_offload"] = handle
     registry.register(handle)
     return handle

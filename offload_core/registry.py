@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
+from .offload_kind import OffloadKind
 from .runtime.stats import OffloadStats
 
 
@@ -12,6 +13,7 @@ class LiveOffload(Protocol):
     """What the UI reads of an offload (api.py: OffloadHandle)."""
 
     name: str
+    kind: OffloadKind
 
     def stats(self) -> OffloadStats: ...
 

@@ -206,6 +206,7 @@ class LiveLayout:
                 self.budget(offload.policy, device),
                 onload_device=device,
                 name=offload.name,
+                kind=offload.kind,
                 progress=progress,
                 weights=from_file,
             )

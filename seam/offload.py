@@ -1,5 +1,5 @@
 """What a host's Ferry patcher carries through the host's clones: how to offload, and the name
-the model goes by (logs, the panel, the stats). Each host adds what only it needs
+and kind the model goes by (logs, the panel, the stats: "text encoder: t5xxl"). Each host adds what only it needs
 (``nodes/config.py`` FerryConfig, ``webui/controls.py`` ForgeOffload)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from ..offload_core import DiskTier, OffloadPolicy
+from ..offload_core import DiskTier, OffloadKind, OffloadPolicy
 
 #: Files the disk tier can read groups from as they are (offload_core/formats: by content,
 #: so a renamed file is read too; the suffix only keeps a pickled .ckpt from being opened).
@@ -21,6 +21,12 @@ H = TypeVar("H", bound="HeldOffload")
 class HeldOffload:
     policy: OffloadPolicy
     name: str
+    kind: OffloadKind = OffloadKind.MODEL
+
+    @property
+    def title(self) -> str:
+        """How logs and UIs name it: ``text encoder: t5xxl``."""
+        return self.kind.line_title(self.name)
 
     def with_source_checkpoint(self: H, path: str | None) -> H:
         """Lets the disk tier read unchanged groups straight from ``path``, the file the host

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from offload_core import BlockLevel, OffloadPolicy, RamTier, apply_offload
+from offload_core import BlockLevel, OffloadKind, OffloadPolicy, RamTier, apply_offload
 from offload_core.model.demo import build_demo_model, demo_inputs
 from offload_core.tools.monitor import Monitor, OffloadSample, get_monitor
 
@@ -119,6 +119,7 @@ def test_a_handle_whose_stats_fail_is_reported_and_logged_once(
 
     class Broken:
         name = "broken-model"
+        kind = OffloadKind.TEXT_ENCODER
 
         def stats(self) -> object:
             raise OSError("device gone")
@@ -127,7 +128,8 @@ def test_a_handle_whose_stats_fail_is_reported_and_logged_once(
     monkeypatch.setattr(monitor, "_logged_stat_errors", set())
     with caplog.at_level(logging.WARNING, logger="ferry"):
         first, second = monitor.read_offloads(), monitor.read_offloads()
-    assert first == second == [OffloadSample("broken-model", {"error": "OSError: device gone"})]
+    err = {"error": "OSError: device gone"}
+    assert first == second == [OffloadSample("broken-model", err, OffloadKind.TEXT_ENCODER)]
     assert [r.exc_info is not None for r in caplog.records] == [True]
 
 

@@ -56,7 +56,7 @@ def test_cpu_and_disk_bytes_count_as_moved() -> None:
     p = stats.stats_payload(sample(), [], None)
     assert p["vram"] is None and p["offloads"] == []
     err = stats.offload_entry(monitor.OffloadSample("m", {"error": "RuntimeError: x"}))
-    assert err == {"name": "m", "error": "RuntimeError: x"}
+    assert err == {"name": "m", "kind": "model", "title": "model: m", "error": "RuntimeError: x"}
 
 
 def test_get_stats_reads_now_without_starting_anything() -> None:

@@ -62,6 +62,7 @@ class Counters:
 @dataclass(frozen=True)
 class OffloadStats:
     name: str
+    kind: str  # kinds.OffloadKind's value: "model", "text_encoder"
     device: str
     level: str
     tier: str

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..offload_kind import LISTING_ORDER, OffloadKind
 from ..runtime.memory import device_memory, process_memory, system_available_ram
 
 log = logging.getLogger("ferry")
@@ -48,10 +49,17 @@ class Sample:
 
 @dataclass(frozen=True)
 class OffloadSample:
-    """The stats of one live offloaded model at the last tick (``OffloadStats.as_dict``)."""
+    """The stats of one live offloaded model at the last tick (``OffloadStats.as_dict``), and
+    what it is (kept apart from the stats: a handle whose stats fail still has a kind)."""
 
     name: str
     stats: dict[str, Any]
+    kind: OffloadKind = OffloadKind.MODEL
+
+    @property
+    def title(self) -> str:
+        """The line's title, the same in every UI: ``text encoder: t5xxl``."""
+        return self.kind.line_title(self.name)
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,9 @@ class Snapshot:
             "device": self.device,
             "running": self.running,
             "samples": [s.as_dict() for s in self.samples],
-            "offloads": [{"name": o.name, "stats": o.stats} for o in self.offloads],
+            "offloads": [
+                {"name": o.name, "kind": o.kind.value, "stats": o.stats} for o in self.offloads
+            ],
         }
 
 
@@ -91,8 +101,9 @@ _logged_stat_errors: set[tuple[str, str]] = set()
 
 
 def read_offloads() -> list[OffloadSample]:
-    """Every live offload's stats, read now. One broken handle gives an ``error`` entry (and
-    one logged traceback) instead of stopping the sampler or a stats reply."""
+    """Every live offload's stats, read now: the diffusion models' first, then the text
+    encoders' (offload_kind.LISTING_ORDER), each oldest first. One broken handle gives an ``error``
+    entry (and one logged traceback) instead of stopping the sampler or a stats reply."""
     # Imported here: the registry belongs to the engine, and the monitor must stay usable
     # (RAM/VRAM only) in a tree where the engine is not importable.
     try:
@@ -101,7 +112,8 @@ def read_offloads() -> list[OffloadSample]:
         log.debug("ferry monitor: no engine registry; sampling RAM/VRAM only", exc_info=True)
         return []
     out = []
-    for i, handle in enumerate(live_offloads()):
+    handles = sorted(live_offloads(), key=lambda h: LISTING_ORDER[h.kind])  # a stable sort
+    for i, handle in enumerate(handles):
         name = str(getattr(handle, "name", None) or f"model {i}")
         try:
             stats = handle.stats().as_dict()
@@ -111,7 +123,7 @@ def read_offloads() -> list[OffloadSample]:
             if key not in _logged_stat_errors:
                 _logged_stat_errors.add(key)
                 log.warning("ferry monitor: reading %s's stats failed", name, exc_info=True)
-        out.append(OffloadSample(name, stats))
+        out.append(OffloadSample(name, stats, handle.kind))
     return out
 
 

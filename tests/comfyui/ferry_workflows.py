@@ -96,13 +96,26 @@ class Client:
 
     def unload_models(self, within_s: float) -> None:
         """ComfyUI's "Unload models", then waits up to ``within_s`` for no Ferry layout to be
-        left (the prompt worker frees between prompts, not the request)."""
-        assert self.post("/free", {"unload_models": True})[0] == 200
+        left (the prompt worker frees between prompts, not the request).
+
+        /free is asked again every second while a layout is left: POST /free only sets a flag
+        and notifies the prompt worker's queue (PromptQueue.set_flag), and a notify that comes
+        while the worker is not waiting on the queue (it is still finishing the last prompt:
+        its history is already written, then it registers outputs and collects garbage) is
+        lost; the worker then sleeps until the next prompt or its timeout (1000 s when no
+        collection is due) before it reads the flag. A second request, like a user's second
+        click, wakes it. A layout Ferry kept after ComfyUI's unload ran stays listed all the
+        same, and fails here."""
         deadline = time.monotonic() + within_s
-        while self.live():
+        while True:
+            assert self.post("/free", {"unload_models": True})[0] == 200
+            asked = time.monotonic()
+            while self.live() and time.monotonic() - asked < 1.0:
+                time.sleep(0.1)
+            if not self.live():
+                return
             if time.monotonic() > deadline:
                 raise AssertionError(f"still laid out {within_s} s after /free: {self.live()}")
-            time.sleep(0.1)
 
     def queue(self, g: dict[str, Any]) -> tuple[int, Any]:
         return self.post("/prompt", {"prompt": g, "client_id": self.client_id})

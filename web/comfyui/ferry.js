@@ -1,5 +1,6 @@
-// Ferry's ComfyUI frontend: a sidebar tab with live RAM/VRAM and, per offloaded model, where
-// its weights are, the bytes moved, GB/s and stall time. The server pushes `ferry.stats`
+// Ferry's ComfyUI frontend: a sidebar tab with live RAM/VRAM and, per offload (a diffusion
+// model's, a text encoder's), what it is, where its weights are, the bytes moved, GB/s and
+// stall time. Each line's title ("text encoder: t5xxl") comes from the server as it is shown. The server pushes `ferry.stats`
 // about once a second while anything is offloaded; otherwise the tab polls /ferry/stats.
 // Wiring (events, polling, settings) is kept apart from rendering (render* functions).
 import { app } from "../../scripts/app.js";
@@ -90,11 +91,12 @@ function renderMemory(s) {
 }
 
 function renderOffload(o) {
-  if (o.error) return el("div", { class: "ferry-card" }, el("b", {}, o.name), el("div", {}, o.error));
+  const what = { class: "ferry-card", "data-ferry-model": o.name, "data-ferry-kind": o.kind };
+  if (o.error) return el("div", what, el("div", { class: "ferry-name" }, o.title), el("div", {}, o.error));
   const card = el(
     "div",
-    { class: "ferry-card", "data-ferry-model": o.name },
-    el("div", { class: "ferry-name" }, o.name),
+    what,
+    el("div", { class: "ferry-name" }, o.title),
     row("level / tier", `${o.level} / ${o.tier}`),
     row("groups", `${o.groups} (${o.resident_groups} resident)`),
     row("prefetch", String(o.prefetch_depth)),
@@ -124,8 +126,8 @@ function render() {
   if (state.status) children.push(el("div", { class: "ferry-status" }, state.status));
   if (s) {
     children.push(renderMemory(s));
-    const models = el("div", { class: "ferry-section" }, el("h4", {}, `Offloaded models (${s.offloads.length})`));
-    if (!s.offloads.length) models.append(el("div", { class: "ferry-muted" }, "None live. A model through “Ferry Offload Model” lays out when it is first sampled."));
+    const models = el("div", { class: "ferry-section" }, el("h4", {}, `Offloaded (${s.offloads.length})`));
+    if (!s.offloads.length) models.append(el("div", { class: "ferry-muted" }, "None live. A model through “Ferry Offload Model” lays out when it is first sampled, a text encoder through “Ferry Offload Text Encoder” when it first encodes."));
     for (const o of s.offloads) models.append(renderOffload(o));
     children.push(models);
   }

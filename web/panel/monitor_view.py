@@ -32,7 +32,7 @@ RAM_SERIES = (
 # Its own plot: at tens of GiB it would flatten the process's lines to zero.
 SYSTEM_SERIES = (("system_available", "still available"),)
 OFFLOAD_COLUMNS = [
-    "model", "tier", "groups (resident)", "on GPU GiB", "in RAM GiB", "on disk GiB",
+    "offloaded", "tier", "groups (resident)", "on GPU GiB", "in RAM GiB", "on disk GiB",
     "GPU copy GB/s", "disk read GB/s", "waiting s", "overlap %", "forwards",
 ]  # fmt: skip
 
@@ -64,7 +64,7 @@ def offload_rows(snap: Snapshot) -> list[list[Any]]:
             return round(v * scale, nd) if isinstance(v, (int, float)) else "-"
 
         out.append([
-            o.name,
+            o.title,  # "text encoder: t5xxl": what the line is, not only its name
             s.get("tier", "-"),
             f"{s.get('groups', '-')} ({s.get('resident_groups', 0)})",
             gb(tiers.get("device")),
@@ -122,7 +122,8 @@ def build_monitor_tab(ctx: PanelContext, demo: gr.Blocks) -> None:
     if not has_gpu:
         gr.Markdown("No GPU found: there is no VRAM to plot on this machine.")
     gr.Markdown(
-        "**Offloaded models** (GB/s: how fast weights arrive; waiting: time the GPU sat idle for them)"
+        "**Offloaded models and text encoders** (GB/s: how fast weights arrive; waiting: time "
+        "the GPU sat idle for them)"
     )
     table = gr.Dataframe(headers=OFFLOAD_COLUMNS, interactive=False, elem_id="ferry-offloads")
     outputs = [vram, ram, system, table, status]

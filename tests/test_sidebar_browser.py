@@ -1,0 +1,148 @@
+"""The ComfyUI sidebar (web/comfyui/ferry.js) in a real browser (Debian's chromium driven by
+playwright), without ComfyUI: the file is served as ComfyUI serves an extension, beside
+stand-ins of the two frontend modules it imports (``app`` and ``api``, with the calls it
+makes), and it is fed /ferry/stats payloads built by nodes/stats.py from real offloads (a
+diffusion model and a text encoder, tests/test_offload_lines.py's). Each offload is one card
+whose title says what it is, with where its weights are, GB/s and stall. The real server and
+frontend: tests/comfyui/test_comfyui_sidebar.py."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from tests.test_offload_lines import MODEL_NAME, TE_NAME, Graph, graph, monitor, stats
+
+pytestmark = pytest.mark.browser
+sync_api = pytest.importorskip("playwright.sync_api")
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("FERRY_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run"]  # fmt: skip
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium)", allow_module_level=True)
+
+__all__ = ["graph"]  # the fixture, imported for the tests below
+
+# What ferry.js imports from ComfyUI's frontend, and only that: registerExtension,
+# extensionManager.registerSidebarTab / setting.get, api.addEventListener / fetchApi.
+APP_JS = """
+export const app = {
+  extensions: [], tabs: [],
+  registerExtension(ext) { app.extensions.push(ext); },
+  extensionManager: {
+    registerSidebarTab(tab) { app.tabs.push(tab); },
+    setting: { get: () => undefined },
+  },
+};
+"""
+API_JS = """
+const target = new EventTarget();
+export const api = {
+  addEventListener: (type, fn) => target.addEventListener(type, fn),
+  fetchApi: (path) => fetch(path.replace(/^\\//, "/api/")),
+  // ComfyUI's api dispatches a server event as a CustomEvent whose detail is its data.
+  push: (type, data) => target.dispatchEvent(new CustomEvent(type, { detail: data })),
+};
+"""
+PAGE = """<!doctype html><html><body><div id="host" style="width:340px"></div>
+<script type="module">
+import { app } from "/scripts/app.js";
+import { api } from "/scripts/api.js";
+await import("/extensions/ComfyUI-Ferry/ferry.js");
+for (const ext of app.extensions) ext.setup?.();
+app.tabs[0].render(document.getElementById("host"));
+window.ferryApi = api;
+</script></body></html>"""
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A folder laid out as ComfyUI serves it, on a local port; the test writes the stats
+    GET /api/ferry/stats answers into the returned path."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "app.js").write_text(APP_JS)
+    (tmp_path / "scripts" / "api.js").write_text(API_JS)
+    ext = tmp_path / "extensions" / "ComfyUI-Ferry"
+    ext.mkdir(parents=True)
+    shutil.copy(REPO / "web" / "comfyui" / "ferry.js", ext / "ferry.js")
+    (tmp_path / "index.html").write_text(PAGE)
+    (tmp_path / "api" / "ferry").mkdir(parents=True)
+    handler = functools.partial(QuietHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", tmp_path / "api" / "ferry" / "stats"
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    extensions_map: ClassVar[dict[str, str]] = {
+        **http.server.SimpleHTTPRequestHandler.extensions_map,
+        ".js": "text/javascript",
+    }
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def cards(page: Any) -> list[dict[str, str]]:
+    return page.eval_on_selector_all(  # type: ignore[no-any-return]
+        "#ferry-sidebar .ferry-card",
+        "cs => cs.map(c => ({kind: c.dataset.ferryKind, title: c.querySelector('.ferry-name')"
+        ".innerText, text: c.innerText}))",
+    )
+
+
+def test_the_sidebar_shows_a_labelled_card_per_offload(
+    graph: Graph, site: tuple[str, Path]
+) -> None:
+    url, stats_file = site
+    payload = stats.stats_payload(None, monitor.read_offloads(), None)
+    stats_file.write_text(json.dumps(payload))
+    model, te = payload["offloads"]
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30_000)
+            page.goto(url + "/index.html")
+            # The tab polls /ferry/stats when no push has come: two cards, model first.
+            page.wait_for_function(
+                "() => document.querySelectorAll('#ferry-sidebar .ferry-card').length === 2"
+            )
+            shown = cards(page)
+            # A push where only the model is left: the encoder's card goes.
+            page.evaluate(
+                "p => window.ferryApi.push('ferry.stats', p)", {**payload, "offloads": [model]}
+            )
+            page.wait_for_function(
+                "() => document.querySelectorAll('#ferry-sidebar .ferry-card').length === 1"
+            )
+            after = cards(page)
+        finally:
+            browser.close()
+    assert [(c["kind"], c["title"]) for c in shown] == [
+        ("model", f"model: {MODEL_NAME}"),
+        ("text_encoder", f"text encoder: {TE_NAME}"),
+    ]
+    text = shown[1]["text"]
+    # Where its weights are, in GiB/MiB (units.py), its disk rate in GB/s, its stall in s.
+    assert "block / disk" in text and "weights on disk" in text, text
+    assert f"{te['disk_gbps']:.2f} GB/s" in text, text
+    assert f"{te['stall_s']:.3f} s" in text, text
+    assert "weights on ram" in shown[0]["text"] and "weights on disk" not in shown[0]["text"]
+    assert [c["title"] for c in after] == [f"model: {MODEL_NAME}"]
