@@ -12,7 +12,9 @@ tests/comfyui/test_comfyui_text_encoder.py.
 
 from __future__ import annotations
 
+import gc
 import importlib
+import weakref
 from pathlib import Path
 
 import pytest
@@ -129,6 +131,24 @@ def test_encoders_called_one_by_one_give_the_same_embeddings(
     assert b.release() is True and oc.live_offloads() == []
     after = te.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_marked_text_encoder_is_freed_without_a_garbage_collection() -> None:
+    """mark_passes holds the module weakly: a marked encoder ComfyUI drops goes at once, as
+    an unmarked one does (a cycle would keep it, and its layout's memory, until gc runs)."""
+    passes = importlib.import_module(f"{PACK_NAME}.seam.passes")
+    te = FluxLikeClip()
+    te.encode_token_weights = te.encode  # type: ignore[method-assign]
+    ref = te.encode(TOKENS)
+    passes.mark_passes(te, ("encode_token_weights", "encode"))
+    assert all(torch.equal(g, r) for g, r in zip(te.encode(TOKENS), ref, strict=True))
+    gone = weakref.ref(te)
+    gc.disable()
+    try:
+        del te
+        assert gone() is None, gc.get_referrers(gone())
+    finally:
+        gc.enable()
 
 
 def test_each_encode_is_one_pass_of_the_layout(tmp_path: Path) -> None:
