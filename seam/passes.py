@@ -11,13 +11,16 @@ from torch import nn
 from ..offload_core import find_offload
 
 
-def mark_passes(module: nn.Module, methods: Iterable[str]) -> None:
-    """Each call of ``module``'s ``methods`` is one pass while an offload of ``module`` is
-    live; with none live it calls straight through. Installed once per module and method (an
-    attribute of the instance, over the class's method: the host's object is shared by its
-    clones, and the wrapper outlives any one layout)."""
+def mark_passes(module: nn.Module, methods: Iterable[str], *, on: object | None = None) -> None:
+    """Each call of ``on``'s ``methods`` (by default ``module``'s) is one pass while an offload
+    of ``module`` is live; with none live it calls straight through. ``on`` is the object the
+    host calls where that is not the network (Forge's text-processing engines hold its text
+    encoder). Installed once per object and method (an attribute of the instance, over the
+    class's method: the host's object is shared by its clones, and the wrapper outlives any
+    one layout)."""
+    target = module if on is None else on
     for name in methods:
-        original = getattr(module, name, None)
+        original = getattr(target, name, None)
         if original is None or getattr(original, "ferry_marks_passes", False):
             continue
 
@@ -29,4 +32,4 @@ def mark_passes(module: nn.Module, methods: Iterable[str]) -> None:
                 return _original(*args, **kwargs)
 
         marked.ferry_marks_passes = True  # type: ignore[attr-defined]
-        object.__setattr__(module, name, marked)
+        object.__setattr__(target, name, marked)
