@@ -11,17 +11,15 @@ from typing import Any
 import pytest
 import torch
 
+from tests import test_webui_forge as unet_tests
 from tests import webui_standins as forge
 from tests.conftest import PACK_NAME, load_pack
-from tests.test_webui_forge import Script, StandInScriptBase
 
 load_pack()
 controls = importlib.import_module(f"{PACK_NAME}.webui.controls")
 layout_mod = importlib.import_module(f"{PACK_NAME}.webui.layout")
-script_mod = importlib.import_module(f"{PACK_NAME}.webui.script")
 te_patcher = importlib.import_module(f"{PACK_NAME}.webui.text_encoder_patcher")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
-settings_file = importlib.import_module(f"{PACK_NAME}.offload_core.tools.settings_file")
 
 TOKENS = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(3))  # 2 chunks
 
@@ -32,7 +30,11 @@ def ferry(tier: str = "ram", level: str = "block", blocks: int = 1, disk: str = 
     return (enabled, level, blocks, tier, disk, 1, "", False, text_encoder)
 
 
-class TextEncoderScript(Script):
+#: The Forge host's fixture (its default disk folder and settings file under tmp_path).
+host = unet_tests.host
+
+
+class TextEncoderScript(unet_tests.Script):
     """The script with the hook Forge calls before each batch's prompts are encoded."""
 
     def process_batch(self, p: Any, *args: Any, **kw: Any) -> None:
@@ -58,18 +60,6 @@ class Session:
     @property
     def layout(self) -> Any:
         return layout_mod.TextEncoderLayout.of_encoder(self.joint)
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> Any:
-    return script_mod.Host(
-        script_base=StandInScriptBase,
-        always_visible="AlwaysVisible",
-        gr=None,
-        input_accordion=None,
-        default_disk_path=str(tmp_path / "default-disk"),
-        load_saved=lambda: settings_file.load_settings(tmp_path / "settings.json"),
-    )
 
 
 @pytest.fixture

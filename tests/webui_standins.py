@@ -493,6 +493,18 @@ class Processing:
     extra_generation_params: dict[str, Any] = field(default_factory=dict)
 
 
+def run_scripts(
+    p: Processing, scripts: list[tuple[Any, tuple[Any, ...]]], hook: str, **kwargs: Any
+) -> None:
+    """scripts.py ``ScriptRunner``: each always-visible script's ``hook`` with its args; an
+    error is reported and the generation goes on, as Forge does (errors.report)."""
+    for script, args in scripts:
+        try:
+            getattr(script, hook)(p, *args, **kwargs)
+        except Exception as e:
+            print(f"*** Error running {hook}: {e}")
+
+
 def generate(
     mm: MemoryManager, sd: SdModel, scripts: list[tuple[Any, tuple[Any, ...]]], x: torch.Tensor,
     lora: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None, online: bool = False,
@@ -510,11 +522,7 @@ def generate(
         sd.forge_objects_after_applying_lora = sd.forge_objects_original.shallow_copy()
     sd.forge_objects = sd.forge_objects_after_applying_lora.shallow_copy()
     p = Processing(sd)
-    for script, args in scripts:
-        try:
-            script.process_before_every_sampling(p, *args, x=x)
-        except Exception as e:  # Forge: errors.report(...), and the generation goes on
-            print(f"*** Error running process_before_every_sampling: {e}")
+    run_scripts(p, scripts, "process_before_every_sampling", x=x)
     unet = sd.forge_objects.unet
     mm.load_models_gpu([unet])
     with torch.inference_mode():
@@ -987,9 +995,5 @@ def encode_batch(
         sd.forge_objects_after_applying_lora = sd.forge_objects_original.shallow_copy()
     sd.forge_objects = sd.forge_objects_after_applying_lora.shallow_copy()
     p = Processing(sd)
-    for script, args in scripts:
-        try:
-            script.process_batch(p, *args)
-        except Exception as e:  # Forge: errors.report(...), and the generation goes on
-            print(f"*** Error running process_batch: {e}")
+    run_scripts(p, scripts, "process_batch")
     return sd.get_learned_conditioning(mm, tokens), p

@@ -144,10 +144,15 @@ def text_encoder_offload_for(p: Any, values: tuple[Any, ...], host: Host) -> For
 
 def refuse(p: Any, err: ControlError) -> str:
     """The generation will stop at the UNet's load with ``err`` (before any weight moves)."""
+    p.sd_model.forge_objects.unet = ferry_clone(p.sd_model.forge_objects.unet, None, refusal=err)
+    return counted(err)
+
+
+def counted(err: ControlError) -> str:
+    """``err``'s message, printed and counted as a refusal (the /ferry/stats route)."""
     print(f"{SECTION}: refused: {err}")
     COUNTS["refusals"] += 1
     COUNTS["last_refusal"] = str(err)
-    p.sd_model.forge_objects.unet = ferry_clone(p.sd_model.forge_objects.unet, None, refusal=err)
     return str(err)
 
 
@@ -195,12 +200,9 @@ def hand_over_text_encoder(p: Any, values: tuple[Any, ...], host: Host) -> str |
 
 def refuse_text_encoder(p: Any, err: ControlError) -> str:
     """The generation will stop at the text encoder's load with ``err`` (nothing moves)."""
-    print(f"{SECTION}: refused: {err}")
-    COUNTS["refusals"] += 1
-    COUNTS["last_refusal"] = str(err)
     objects = p.sd_model.forge_objects
     objects.clip = ferry_text_encoder_clone(objects.clip, None, refusal=err)
-    return str(err)
+    return counted(err)
 
 
 def accordion(host: Host, is_img2img: bool) -> list[Any]:
