@@ -56,8 +56,9 @@ INTRO = (
 GPU_WEIGHTS_NOTE = (
     "While Ferry is on, Forge's **GPU Weights** slider no longer decides how much of the UNet "
     "sits on the GPU: the **VRAM budget** here does. GPU Weights still sets the room Forge "
-    "keeps free for computing (total VRAM − GPU Weights) and still places the text encoder and "
-    "the VAE. The disk folder is not written into the image's parameters."
+    "keeps free for computing (total VRAM − GPU Weights) and still places the VAE, and the "
+    "text encoder unless it goes through Ferry too. The disk folder is not written into the "
+    "image's parameters."
 )
 TEXT_ENCODER_INFO = (
     "The CLIP / T5 text encoders stream the same way, with the settings above, while Forge "
