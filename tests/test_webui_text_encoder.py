@@ -189,3 +189,16 @@ def test_the_clone_keeps_the_text_encoders_class_and_offload(session: Any) -> No
     assert isinstance(again.patcher, te_patcher.TextEncoderPatcherMixin)
     assert again.patcher.ferry_offload == clip.patcher.ferry_offload
     assert again.cond_stage_model is session.joint
+
+
+def test_the_panels_apply_finds_the_text_encoders_layout(session: Any) -> None:
+    """The Ferry tab's Apply (webui/entry.py release_from_panel) looks among the model's
+    layouts: the text encoder's is one, released like the UNet's."""
+    session.encode(ferry())
+    handle = session.layout.handle
+    found = [lay for lay in layout_mod.layouts_of(session.sd) if lay.handle is handle]
+    assert found == [session.layout] and found[0].release() and handle.removed
+    assert [type(lay).__name__ for lay in layout_mod.layouts_of(session.sd)] == [
+        "UnetLayout",
+        "TextEncoderLayout",
+    ]

@@ -80,3 +80,17 @@ class TextEncoderLayout(ForgeLayout):
     @classmethod
     def of_encoder(cls, joint: nn.Module) -> TextEncoderLayout:
         return cls.of(joint, joint)
+
+
+def layouts_of(sd_model: Any) -> list[ForgeLayout]:
+    """The Ferry layouts a Forge model (``shared.sd_model``) can have: its UNet's, then its
+    text encoder's; none for a part it lacks."""
+    objects = getattr(sd_model, "forge_objects", None)
+    unet = getattr(objects, "unet", None)
+    clip = getattr(objects, "clip", None)
+    out: list[ForgeLayout] = []
+    if unet is not None:
+        out.append(UnetLayout.of(unet.model))
+    if clip is not None:
+        out.append(TextEncoderLayout.of_encoder(clip.cond_stage_model))
+    return out
