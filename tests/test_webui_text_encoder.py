@@ -202,3 +202,19 @@ def test_the_panels_apply_finds_the_text_encoders_layout(session: Any) -> None:
         "UnetLayout",
         "TextEncoderLayout",
     ]
+
+
+def test_the_hires_pass_encodes_through_ferry_too(session: Any) -> None:
+    """processing.py ``sample_hr_pass``: the hires prompts are encoded (calculate_hr_conds)
+    with the objects the first pass's ``process_before_every_sampling`` left, after
+    ``sample`` reset them to the LoRA'd ones (no process_batch in between)."""
+    plain, _ = session.encode()
+    sd = session.sd
+    sd.forge_objects = sd.forge_objects_after_applying_lora.shallow_copy()  # sample()
+    p = forge.Processing(sd)
+    session.script.process_before_every_sampling(p, *ferry(level="leaf"), x=None)
+    got = sd.get_learned_conditioning(session.mm, TOKENS)  # calculate_hr_conds
+    handle = session.layout.handle
+    assert torch.equal(got, plain)
+    assert handle is not None and handle.policy.level_name == "leaf"
+    assert handle.stats().forwards == 2
