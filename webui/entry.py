@@ -26,8 +26,9 @@ SAVED_NOTE = (
     "Ferry nodes with *use panel settings*."
 )
 APPLY_NOTE = (
-    "**Apply** releases the UNet's (or the text encoder's) layout; the next generation lays it "
-    "out again with the accordion's settings (the saved ones with *Use saved settings* on)."
+    "**Apply** releases the UNet's layout; the next generation lays it out again with the "
+    "accordion's settings (the saved ones with *Use saved settings* on). The same for the text "
+    "encoder's, where *Offload the text encoder too* is on."
 )
 NO_FORGE = (
     "Ferry: the offload accordion needs Stable Diffusion WebUI Forge (it drives Forge's UNet "
