@@ -41,12 +41,11 @@ class TextEncoderScript(unet_tests.Script):
         self.obj.process_batch(p, *args, **kw)
 
 
-class Session:
+class Session(unet_tests.Session):
     """One Forge process with a checkpoint whose CLIP holds ``encoders``."""
 
     def __init__(self, host: Any, encoders: tuple[str, ...] = ("clip_l",)) -> None:
-        self.mm = forge.MemoryManager()
-        self.sd = forge.load_text_checkpoint(0, encoders)
+        super().__init__(host, load=lambda seed: forge.load_text_checkpoint(seed, encoders))
         self.script = TextEncoderScript(host)
 
     def encode(self, args: tuple[Any, ...] | None = None, lora: Any = None) -> tuple[Any, Any]:

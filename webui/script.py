@@ -157,18 +157,31 @@ def counted(err: ControlError) -> str:
     return str(err)
 
 
+Find = Callable[[Any, tuple[Any, ...], Host], "ForgeOffload | None"]
+Refuse = Callable[[Any, ControlError], str]
+
+
+def checked(
+    p: Any, values: tuple[Any, ...], host: Host, find: Find, refuse: Refuse, control: str
+) -> ForgeOffload | str | None:
+    """``find``'s offload; or, where it raises, ``refuse``'s message (the generation will stop
+    at that network's load), naming ``control`` for a network Ferry cannot cut (no block
+    list at block level, ...)."""
+    try:
+        return find(p, values, host)
+    except ControlError as e:
+        return refuse(p, e)
+    except FerryError as e:
+        return refuse(p, ControlError(control, str(e)))
+
+
 def hand_over(p: Any, values: tuple[Any, ...], host: Host) -> str | None:
     """Puts a Ferry clone of the UNet's patcher in ``p.sd_model.forge_objects`` (or one that
     refuses to load, naming the control); returns the refusal's message, if any."""
     unet = p.sd_model.forge_objects.unet
-    try:
-        offload = offload_for(p, values, host)
-    except ControlError as e:
-        return refuse(p, e)
-    except FerryError as e:  # a model Ferry cannot cut (no block list at block level, ...)
-        return refuse(p, ControlError("level", str(e)))
-    if offload is None:
-        return None
+    offload = checked(p, values, host, offload_for, refuse, "level")
+    if not isinstance(offload, ForgeOffload):
+        return offload  # off (None), or the refusal's message
     p.sd_model.forge_objects.unet = ferry_clone(unet, offload)
     p.extra_generation_params[INFOTEXT_KEY] = offload.infotext()
     return None
@@ -183,14 +196,11 @@ def hand_over_text_encoder(p: Any, values: tuple[Any, ...], host: Host) -> str |
     clip = getattr(objects, "clip", None)
     if clip is None:
         return None
-    try:
-        offload = text_encoder_offload_for(p, values, host)
-    except ControlError as e:
-        return refuse_text_encoder(p, e)
-    except FerryError as e:  # an encoder Ferry cannot cut (no block list at block level, ...)
-        return refuse_text_encoder(p, ControlError("text_encoder", str(e)))
-    if offload is None:
-        return None
+    offload = checked(
+        p, values, host, text_encoder_offload_for, refuse_text_encoder, "text_encoder"
+    )
+    if not isinstance(offload, ForgeOffload):
+        return offload  # off (None), or the refusal's message
     patcher = clip.patcher
     if not (isinstance(patcher, TextEncoderPatcherMixin) and patcher.ferry_offload == offload):
         objects.clip = ferry_text_encoder_clone(clip, offload)
