@@ -12,42 +12,48 @@ from torch import nn
 from ..offload_core import find_offload
 
 
-def mark_passes(module: nn.Module, methods: Iterable[str]) -> None:
-    """Each call of ``module``'s ``methods`` is one pass while an offload of ``module`` is
-    live; with none live it calls straight through. Installed once per module and method (an
-    attribute of the instance, over the class's method: the host's object is shared by its
-    clones, and the wrapper outlives any one layout).
+def mark_passes(module: nn.Module, methods: Iterable[str], *, on: object | None = None) -> None:
+    """Each call of ``on``'s ``methods`` (by default ``module``'s) is one pass while an offload
+    of ``module`` is live; with none live it calls straight through. ``on`` is the object the
+    host calls where that is not the network (Forge's text-processing engines hold its text
+    encoder). Installed once per object and method (an attribute of the instance, over the
+    class's method: the host's object is shared by its clones, and the wrapper outlives any
+    one layout).
 
-    The wrapper holds ``module`` weakly: an attribute of the module that held it strongly (as
-    its bound method does) would make a cycle, and a text encoder ComfyUI drops would wait
-    for a full garbage collection (core then warns of a memory leak on each prompt)."""
+    The wrapper holds ``module`` and ``on`` weakly: an attribute of an object that held it
+    strongly (as its bound method does) would make a cycle, and a text encoder the host drops
+    would wait for a full garbage collection (ComfyUI then warns of a memory leak on each
+    prompt)."""
+    target = module if on is None else on
     for name in methods:
-        original = getattr(module, name, None)
+        original = getattr(target, name, None)
         if original is None or getattr(original, "ferry_marks_passes", False):
             continue
-        marked = _marked(weakref.ref(module), _unbound(module, original))
+        marked = _marked(weakref.ref(module), weakref.ref(target), _unbound(target, original))
         marked.ferry_marks_passes = True  # type: ignore[attr-defined]
-        object.__setattr__(module, name, marked)
+        object.__setattr__(target, name, marked)
 
 
-def _unbound(module: nn.Module, original: Any) -> Callable[[nn.Module], Callable[..., Any]]:
-    """How to get the method back from the module, holding no reference to the module: a
-    method of the module itself is kept as its function; any other callable (a wrapper
+def _unbound(target: object, original: Any) -> Callable[[object], Callable[..., Any]]:
+    """How to get the method back from its object, holding no reference to the object: a
+    method of the object itself is kept as its function; any other callable (a wrapper
     another pack installed) as it is."""
     func = getattr(original, "__func__", None)
-    if func is not None and getattr(original, "__self__", None) is module:
-        return lambda m: func.__get__(m)  # type: ignore[no-any-return]
-    return lambda m: original  # type: ignore[no-any-return]
+    if func is not None and getattr(original, "__self__", None) is target:
+        return lambda obj: func.__get__(obj)  # type: ignore[no-any-return]
+    return lambda obj: original  # type: ignore[no-any-return]
 
 
 def _marked(
-    ref: weakref.ref[nn.Module], method: Callable[[nn.Module], Callable[..., Any]]
+    module_ref: weakref.ref[nn.Module],
+    target_ref: weakref.ref[Any],
+    method: Callable[[object], Callable[..., Any]],
 ) -> Callable[..., Any]:
     def marked(*args: Any, **kwargs: Any) -> Any:
-        module = ref()
-        if module is None:
+        module, target = module_ref(), target_ref()
+        if module is None or target is None:
             raise ReferenceError("the text encoder this method belonged to is gone")
-        call = method(module)
+        call = method(target)
         handle = find_offload(module)
         if handle is None or handle.removed:
             return call(*args, **kwargs)

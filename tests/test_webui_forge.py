@@ -511,15 +511,23 @@ def test_pasting_parameters_sets_the_controls(unit: str) -> None:
     params = {"Ferry": f"leaf, disk, look-ahead 3, VRAM budget 2 {unit}"}
     got = {cid: fields[w](params) for w, (cid, _) in zip(widgets, controls.CONTROLS) if w in fields}
     assert got == {"enabled": True, "level": "leaf", "blocks_per_group": 1, "tier": "disk",
-                   "prefetch_depth": 3, "vram_budget": "2", "use_saved": False}  # fmt: skip
+                   "prefetch_depth": 3, "vram_budget": "2", "use_saved": False,
+                   "text_encoder": False}  # fmt: skip
     off = {cid: fields[w]({}) for w, (cid, _) in zip(widgets, controls.CONTROLS) if w in fields}
     assert off["enabled"] is False and off["tier"] is None  # None: Forge leaves it as it is
+    params = {"Ferry": "block 2, ram, look-ahead 1, VRAM budget auto, text encoder too"}
+    te = {cid: fields[w](params) for w, (cid, _) in zip(widgets, controls.CONTROLS) if w in fields}
+    assert te["text_encoder"] is True and te["blocks_per_group"] == 2
 
 
 def test_api_callers_args() -> None:
     assert controls.controls_dict([True])["tier"] == "pinned"  # missing trailing: defaults
-    with pytest.raises(controls.ControlError, match="got 9 values for 8 controls"):
-        controls.controls_dict([True] * 9)
+    with pytest.raises(controls.ControlError, match="got 10 values for 9 controls"):
+        controls.controls_dict([True] * 10)
+    # An API caller that predates the text-encoder box: it is off.
+    assert controls.wants_text_encoder([True] * 8) is False
+    with pytest.raises(controls.ControlError, match=r"^Ferry offload › Offload the text enc"):
+        controls.wants_text_encoder([True] * 8 + ["yes"])
     with pytest.raises(controls.ControlError, match=r"^Ferry offload: must be true or false"):
         controls.offload_from_controls(["yes"], default_disk_path="/t", load_saved=lambda: None)
     assert (

@@ -113,11 +113,12 @@ def test_in_forge_it_adds_the_accordion_the_tab_and_the_route(tmp_path: Path, gr
         python=GRADIO4_PYTHON if gradio == "4.40" and GRADIO4_PYTHON else sys.executable,
     ).stdout.splitlines()
     assert out[2].startswith(gradio)
-    assert out[0] == "1 1 8 7"
+    assert out[0] == "1 1 9 8"
     assert out[1] == str(
         ["Ferry offload", "How to cut the UNet", "Blocks per group", "Where the rest waits",
          "Disk folder", "Look-ahead", "VRAM budget (GiB)",
-         "Use saved settings (the Ferry tab's Save, shared with ComfyUI; the controls above are then ignored)"]
+         "Use saved settings (the Ferry tab's Save, shared with ComfyUI; the controls above are then ignored)",
+         "Offload the text encoder too"]
     )  # fmt: skip
 
 

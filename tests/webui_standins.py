@@ -462,9 +462,10 @@ class CheckpointInfo:
 @dataclass
 class ForgeObjects:
     unet: Any
+    clip: Any = None  # a CLIP (text_encoder_checkpoint): None in the UNet-only checkpoints
 
     def shallow_copy(self) -> ForgeObjects:
-        return ForgeObjects(self.unet)
+        return ForgeObjects(self.unet, self.clip)
 
 
 @dataclass
@@ -492,6 +493,18 @@ class Processing:
     extra_generation_params: dict[str, Any] = field(default_factory=dict)
 
 
+def run_scripts(
+    p: Processing, scripts: list[tuple[Any, tuple[Any, ...]]], hook: str, **kwargs: Any
+) -> None:
+    """scripts.py ``ScriptRunner``: each always-visible script's ``hook`` with its args; an
+    error is reported and the generation goes on, as Forge does (errors.report)."""
+    for script, args in scripts:
+        try:
+            getattr(script, hook)(p, *args, **kwargs)
+        except Exception as e:
+            print(f"*** Error running {hook}: {e}")
+
+
 def generate(
     mm: MemoryManager, sd: SdModel, scripts: list[tuple[Any, tuple[Any, ...]]], x: torch.Tensor,
     lora: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None, online: bool = False,
@@ -509,11 +522,7 @@ def generate(
         sd.forge_objects_after_applying_lora = sd.forge_objects_original.shallow_copy()
     sd.forge_objects = sd.forge_objects_after_applying_lora.shallow_copy()
     p = Processing(sd)
-    for script, args in scripts:
-        try:
-            script.process_before_every_sampling(p, *args, x=x)
-        except Exception as e:  # Forge: errors.report(...), and the generation goes on
-            print(f"*** Error running process_before_every_sampling: {e}")
+    run_scripts(p, scripts, "process_before_every_sampling", x=x)
     unet = sd.forge_objects.unet
     mm.load_models_gpu([unet])
     with torch.inference_mode():
@@ -878,3 +887,113 @@ def load_nf4_checkpoint(seed: int, name: str = "tiny-nf4") -> SdModel:
                 lin = getattr(block, attr)
                 setattr(block, attr, NF4Linear(quantize_nf4(lin.weight.data), lin.bias.data))
     return sd
+
+
+# ---- text encoders (backend/patcher/clip.py, backend/text_processing, diffusion_engine) -----
+class TextEncoder(nn.Module):
+    """A CLIP- or T5-shaped encoder: token embedding, a list of repeated layers (Forge's
+    ``transformer.text_model.encoder.layers`` / T5 ``block``), a final norm."""
+
+    def __init__(self, dim: int = 32, n_layers: int = 4, vocab: int = 50) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(Block(dim) for _ in range(n_layers))
+        self.final_norm = nn.LayerNorm(dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.final_norm(h)
+
+
+class JointTextEncoder(nn.ModuleDict):
+    """clip.py ``JointTextEncoder``: a ModuleDict of the checkpoint's encoders."""
+
+
+class CLIP:
+    """clip.py ``CLIP``: ``patcher`` is a plain ModelPatcher over ``cond_stage_model`` (the
+    joint encoder itself); ``clone()`` shares the joint and clones the patcher."""
+
+    def __init__(self, encoders: dict[str, nn.Module] | None = None) -> None:
+        if encoders is None:
+            return  # clip.py's no_init
+        self.cond_stage_model = JointTextEncoder(encoders)
+        self.patcher = ModelPatcher(self.cond_stage_model, CPU, CPU)
+
+    def clone(self) -> CLIP:
+        n = CLIP()
+        n.patcher = self.patcher.clone()
+        n.cond_stage_model = self.cond_stage_model
+        return n
+
+
+class TextProcessingEngine:
+    """classic_engine.py / t5_engine.py: holds its encoder (``text_encoder``, a module of the
+    joint, taken when the checkpoint loads) and runs it through ``encode_with_transformers``
+    once per chunk of tokens."""
+
+    def __init__(self, text_encoder: nn.Module, chunk: int = 6) -> None:
+        self.text_encoder = text_encoder
+        self.chunk = chunk
+
+    def encode_with_transformers(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.text_encoder(tokens)  # type: ignore[no-any-return]
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        chunks = tokens.split(self.chunk, dim=1)
+        return torch.cat([self.encode_with_transformers(c) for c in chunks], dim=1)
+
+
+@dataclass
+class TextSdModel(SdModel):
+    """An SdModel with a CLIP and one engine per encoder (sd15.py: text_processing_engine;
+    sdxl.py / flux.py: _l, _g, _t5)."""
+
+    engines: dict[str, TextProcessingEngine] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, engine in self.engines.items():
+            setattr(self, f"text_processing_engine_{name}", engine)
+
+    def get_learned_conditioning(self, mm: MemoryManager, tokens: torch.Tensor) -> torch.Tensor:
+        """sd15.py / sdxl.py ``get_learned_conditioning``: load the CLIP's patcher, then each
+        engine encodes (their outputs joined on the feature axis, as sdxl.py does)."""
+        mm.load_models_gpu([self.forge_objects.clip.patcher])
+        with torch.inference_mode():
+            return torch.cat([e(tokens) for e in self.engines.values()], dim=-1)
+
+
+def load_text_checkpoint(
+    seed: int, encoders: tuple[str, ...] = ("clip_l",), name: str = "tiny-te"
+) -> TextSdModel:
+    """A checkpoint with a UNet and a CLIP of ``encoders`` (e.g. ("clip_l", "t5xxl"))."""
+    base = load_checkpoint(seed, name, f"/nowhere/{name}.safetensors")
+    torch.manual_seed(seed + 1)
+    clip = CLIP({k: TextEncoder(n_layers=4 + 2 * i) for i, k in enumerate(encoders)})
+    unet = base.forge_objects.unet
+    engines = {k: TextProcessingEngine(clip.cond_stage_model[k]) for k in encoders}
+    return TextSdModel(
+        ForgeObjects(unet, clip), ForgeObjects(unet, clip), ForgeObjects(unet, clip),
+        base.sd_checkpoint_info, engines,
+    )  # fmt: skip
+
+
+def encode_batch(
+    mm: MemoryManager, sd: TextSdModel, scripts: list[tuple[Any, tuple[Any, ...]]],
+    tokens: torch.Tensor, lora: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> tuple[torch.Tensor, Processing]:  # fmt: skip
+    """processing.py ``process_images_inner`` up to the prompts' conditioning: LoRA on the CLIP
+    (sd_forge_lora: a clone with the patches), ``forge_objects`` reset to the LoRA'd objects,
+    always-visible scripts' ``process_batch`` (errors reported and swallowed), then
+    ``setup_conds`` (``get_learned_conditioning``)."""
+    if lora is not None:
+        clip = sd.forge_objects_original.clip.clone()
+        clip.patcher.add_lora("lora", lora)
+        sd.forge_objects_after_applying_lora = ForgeObjects(sd.forge_objects_original.unet, clip)
+    else:
+        sd.forge_objects_after_applying_lora = sd.forge_objects_original.shallow_copy()
+    sd.forge_objects = sd.forge_objects_after_applying_lora.shallow_copy()
+    p = Processing(sd)
+    run_scripts(p, scripts, "process_batch")
+    return sd.get_learned_conditioning(mm, tokens), p

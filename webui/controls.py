@@ -33,13 +33,14 @@ CONTROLS = (
     ("prefetch_depth", "Look-ahead"),
     ("vram_budget", "VRAM budget (GiB)"),
     ("use_saved", "Use saved settings"),
+    ("text_encoder", "Offload the text encoder too"),
 )
 LABELS = dict(CONTROLS)
 LEVELS = LEVEL_NAMES
 TIERS = TIER_NAMES
 DEFAULTS: dict[str, Any] = {
     "enabled": False, "level": "block", "blocks_per_group": 1, "tier": "pinned", "disk_path": "",
-    "prefetch_depth": 1, "vram_budget": "auto", "use_saved": False,
+    "prefetch_depth": 1, "vram_budget": "auto", "use_saved": False, "text_encoder": False,
 }  # fmt: skip
 
 #: Which control fixes each setting: the shared ids (seam/controls.py); a setting this
@@ -85,6 +86,8 @@ class ForgeOffload(HeldOffload):
 
 
 INFOTEXT_KEY = "Ferry"
+#: Appended to the infotext value where the text encoder went through Ferry too.
+TEXT_ENCODER_INFOTEXT = ", text encoder too"
 
 
 def describe(policy: OffloadPolicy) -> str:
@@ -99,6 +102,7 @@ def describe(policy: OffloadPolicy) -> str:
 _INFOTEXT = re.compile(
     r"\s*(?:block (?P<blocks>\d+)|(?P<leaf>leaf))\s*,\s*(?P<tier>pinned|ram|disk)\s*,"
     r"\s*look-ahead (?P<depth>\d+)\s*,\s*VRAM budget (?P<budget>none|auto|(?P<gib>[\d.]+) Gi?B)\s*"
+    r"(?P<te>,\s*text encoder too\s*)?"
 )
 
 
@@ -118,6 +122,7 @@ def parse_infotext(text: Any) -> dict[str, Any] | None:
         "prefetch_depth": int(m["depth"]),
         "vram_budget": "" if budget == "none" else budget,
         "use_saved": False,
+        "text_encoder": bool(m["te"]),
     }
 
 
@@ -180,6 +185,16 @@ def offload_from_controls(
         raise as_control_error(e) from None
 
 
+def wants_text_encoder(values: tuple[Any, ...] | list[Any]) -> bool:
+    """Whether the text encoder goes through Ferry too: the accordion on and its "Offload the
+    text encoder too" box ticked (it then takes the UNet's settings). Raises ControlError."""
+    c = controls_dict(values)
+    for control in ("enabled", "text_encoder"):
+        if not isinstance(c[control], bool):
+            raise ControlError(control, f"must be true or false, got {c[control]!r}")
+    return bool(c["enabled"] and c["text_encoder"])
+
+
 def check_folder(offload: ForgeOffload) -> None:
     """The disk tier's folder, checked read-only before the generation loads anything (the
     same check, and the same words, as the panel's field and ComfyUI's node). Free space is
@@ -193,11 +208,11 @@ def check_folder(offload: ForgeOffload) -> None:
         raise ControlError(control, check.message)
 
 
-def check_blocks(offload: ForgeOffload, max_blocks: int) -> None:
-    """Blocks per group against the model's longest run of blocks (``plan.max_blocks_per_group``)."""
+def check_blocks(offload: ForgeOffload, max_blocks: int, what: str = "this model") -> None:
+    """Blocks per group against the longest run of blocks of ``what`` (``plan.max_blocks_per_group``)."""
     k = getattr(offload.policy.level, "blocks_per_group", 1)
     if k > max_blocks:
         control = "use_saved" if offload.from_saved else "blocks_per_group"
         raise ControlError(
-            control, f"this model has at most {max_blocks} blocks in a row; choose 1..{max_blocks}"
+            control, f"{what} has at most {max_blocks} blocks in a row; choose 1..{max_blocks}"
         )

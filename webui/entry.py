@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from ..web.panel.webui_tab import register_tab, say_once
-from .layout import UnetLayout
+from .layout import UnetLayout, layouts_of
 from .routes import add_routes
 from .script import Host, script_class
 
@@ -27,7 +27,8 @@ SAVED_NOTE = (
 )
 APPLY_NOTE = (
     "**Apply** releases the UNet's layout; the next generation lays it out again with the "
-    "accordion's settings (the saved ones with *Use saved settings* on)."
+    "accordion's settings (the saved ones with *Use saved settings* on). The same for the text "
+    "encoder's, where *Offload the text encoder too* is on."
 )
 NO_FORGE = (
     "Ferry: the offload accordion needs Stable Diffusion WebUI Forge (it drives Forge's UNet "
@@ -102,11 +103,8 @@ def release_from_panel(handle: Any, policy: Any) -> str:
     where Use saved settings is on)."""
     from modules import sd_models  # type: ignore[import-not-found]
 
-    model = sd_models.model_data.sd_model
-    unet = getattr(getattr(model, "forge_objects", None), "unet", None)
     name = getattr(handle, "name", "model")
-    if unet is not None:
-        layout = UnetLayout.of(unet.model)
+    for layout in layouts_of(sd_models.model_data.sd_model):  # the UNet's, the text encoder's
         if layout.handle is handle and layout.release():
             return (
                 f"{name}: released; the next generation lays it out with the accordion's settings"

@@ -1,5 +1,6 @@
-"""One Forge UNet's live Ferry layout: the seam's LiveLayout (seam/layout.py, where
-``[Note: why a "loading" mark]`` is) with what Forge's loader does to the weights.
+"""One Forge network's live Ferry layout (the UNet's, or the text encoder's): the seam's
+LiveLayout (seam/layout.py, where ``[Note: why a "loading" mark]`` is) with what Forge's loader
+does to the weights.
 
 Forge hands the sampler a new UnetPatcher clone nearly every generation (scripts and LoRA
 clone it), and every clone shares one KModel: the layout lives on it. Forge's
@@ -21,16 +22,15 @@ from ..seam.layout import LiveLayout
 from .file_views import file_views, put_back
 from .low_bit import bake_gguf
 
-ATTR = "_ferry_forge_layout"
-#: Totals for this process (the /ferry/stats route): groups laid out, layouts released,
-#: generations refused and the last refusal's message.
+#: Totals for this process (the /ferry/stats route): layouts made and released (the UNet's
+#: and the text encoder's), generations refused and the last refusal's message.
 COUNTS: dict[str, Any] = {"layouts": 0, "releases": 0, "refusals": 0, "last_refusal": None}
 
 
-class UnetLayout(LiveLayout):
-    """The Ferry layout of a KModel's ``diffusion_model``, if any."""
+class ForgeLayout(LiveLayout):
+    """What Forge's loader does to a network's weights, for any network Ferry lays out in Forge
+    (a subclass says where the layout lives: ``attr``)."""
 
-    attr = ATTR
     # Forge's network is plain between generations and keeps its weights' kinds: plans are
     # drawn on a meta twin, so the script's checks never touch the live layout.
     plans_on_twin = True
@@ -62,3 +62,35 @@ class UnetLayout(LiveLayout):
         if put_back(self.module, views):
             release_freed_memory()  # the copies just dropped go back to the system
         COUNTS["releases"] += 1
+
+
+class UnetLayout(ForgeLayout):
+    """The Ferry layout of a KModel's ``diffusion_model``, if any."""
+
+    attr = "_ferry_forge_layout"
+
+
+class TextEncoderLayout(ForgeLayout):
+    """The Ferry layout of a CLIP's text encoder(s), if any: Forge's ``CLIP.patcher`` holds the
+    ``JointTextEncoder`` itself (backend/patcher/clip.py), which every clone of the CLIP shares,
+    so the layout lives on it and the whole of it is the network (``of(joint)``)."""
+
+    attr = "_ferry_forge_text_encoder_layout"
+
+    @classmethod
+    def of_encoder(cls, joint: nn.Module) -> TextEncoderLayout:
+        return cls.of(joint, joint)
+
+
+def layouts_of(sd_model: Any) -> list[ForgeLayout]:
+    """The Ferry layouts a Forge model (``shared.sd_model``) can have: its UNet's, then its
+    text encoder's; none for a part it lacks."""
+    objects = getattr(sd_model, "forge_objects", None)
+    unet = getattr(objects, "unet", None)
+    clip = getattr(objects, "clip", None)
+    out: list[ForgeLayout] = []
+    if unet is not None:
+        out.append(UnetLayout.of(unet.model))
+    if clip is not None:
+        out.append(TextEncoderLayout.of_encoder(clip.cond_stage_model))
+    return out

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from ..offload_core.model.layout import unsupported_why
-from .controls import ControlError
+from .controls import LABELS, ControlError
 
 #: The tensors a bitsandbytes QuantState holds (a nested state holds its own).
 _STATE_TENSORS = ("absmax", "code", "offset")
@@ -93,21 +93,28 @@ def _bnb_why(p: torch.Tensor, device: torch.device) -> str | None:
     return None
 
 
-def check_weights(module: nn.Module, device: torch.device | str) -> None:
-    """Raises ControlError (naming the control) for the first tensor of ``module`` Ferry would
-    not run as Forge does on ``device``; moves nothing."""
+def check_weights(
+    module: nn.Module, device: torch.device | str, *, what: str = "this UNet",
+    control: str = "enabled",
+) -> None:  # fmt: skip
+    """Raises ControlError naming ``control`` (the one that turns Ferry off for ``what``) for
+    the first tensor of ``module`` Ferry would not run as Forge does on ``device``; moves
+    nothing."""
     device = torch.device(device)
     tables: list[tuple[str, torch.Tensor]] = list(module.named_parameters())
     tables += list(module.named_buffers())
     for name, t in tables:
+        why_not: str | None
         if hasattr(t, "bnb_quantized"):
-            what = _bnb_why(t, device)
+            why_not = _bnb_why(t, device)
         else:
             why = unsupported_why(t)
-            what = None if why is None else f"a {type(t).__name__} tensor Ferry cannot move ({why})"
-        if what is not None:
+            why_not = (
+                None if why is None else f"a {type(t).__name__} tensor Ferry cannot move ({why})"
+            )
+        if why_not is not None:
             raise ControlError(
-                "enabled",
-                f"this UNet's {name} is {what}. Turn Ferry offload off for this model "
+                control,
+                f"{what}'s {name} is {why_not}. Turn {LABELS[control]} off for this model "
                 "(Forge's own loading runs it)",
             )

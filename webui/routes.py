@@ -1,9 +1,10 @@
-"""``GET /ferry/stats`` in a WebUI: the live offloads and how often the UNet was laid out.
+"""``GET /ferry/stats`` in a WebUI: the live offloads and how often they were laid out.
 
 The WebUI's own API (``/sdapi/v1/*``) knows nothing of Ferry; this route lets a script or a
-test see where the UNet's weights are without the panel: each live offload's stats (the same
-dict the panel's table and ComfyUI's sidebar show), the layouts and releases so far (a
-generation with unchanged settings adds none), the settings file, and the last refusal.
+test see where the UNet's and the text encoder's weights are without the panel: each live
+offload's stats (the same dict the panel's table and ComfyUI's sidebar show), the layouts and
+releases so far (a generation with unchanged settings adds none), the settings file, and the
+last refusal.
 """
 
 from __future__ import annotations

@@ -4,24 +4,29 @@
 ``modules.scripts``, its Gradio, its ``InputAccordion``), so this file imports neither Forge
 nor Gradio and CI builds it against stand-ins. Before every sampling the script hands Forge a
 Ferry clone of the UNet's patcher (as Forge's built-in FreeU hands it a patched clone), or
-does nothing when the accordion is off: Forge's own path, untouched.
+does nothing when the accordion is off: Forge's own path, untouched. With "Offload the text
+encoder too" ticked it also hands Forge a Ferry clone of the CLIP before each batch's prompts
+are encoded (``process_batch``, right before ``setup_conds``) and again before every sampling
+(the hires pass encodes its prompts after the first pass's sampling began).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ..offload_core import BlockLevel, ConfigError, FerryError, OffloadPolicy, RamTier
 from ..offload_core.tools.settings_file import load_settings
 from ..seam.choices import level_choices, tier_choices
+from ..seam.offload import HeldOffload
 from .controls import (
     CONTROLS,
     DEFAULTS,
     INFOTEXT_KEY,
     LABELS,
     SECTION,
+    TEXT_ENCODER_INFOTEXT,
     ControlError,
     ForgeOffload,
     as_control_error,
@@ -29,10 +34,16 @@ from .controls import (
     check_folder,
     offload_from_controls,
     parse_infotext,
+    wants_text_encoder,
 )
-from .layout import COUNTS, UnetLayout
+from .layout import COUNTS, ForgeLayout, TextEncoderLayout, UnetLayout
 from .low_bit import check_weights
 from .patcher import ferry_clone
+from .text_encoder_patcher import (
+    TextEncoderPatcherMixin,
+    ferry_text_encoder_clone,
+    mark_encoder_passes,
+)
 
 #: Blocks per group slider's top: the longest run of blocks of the models Forge runs (Flux's
 #: 38 single blocks). A model with fewer is refused with its own maximum, naming the control.
@@ -45,8 +56,14 @@ INTRO = (
 GPU_WEIGHTS_NOTE = (
     "While Ferry is on, Forge's **GPU Weights** slider no longer decides how much of the UNet "
     "sits on the GPU: the **VRAM budget** here does. GPU Weights still sets the room Forge "
-    "keeps free for computing (total VRAM − GPU Weights) and still places the text encoder and "
-    "the VAE. The disk folder is not written into the image's parameters."
+    "keeps free for computing (total VRAM − GPU Weights) and still places the VAE, and the "
+    "text encoder unless it goes through Ferry too. The disk folder is not written into the "
+    "image's parameters."
+)
+TEXT_ENCODER_INFO = (
+    "The CLIP / T5 text encoders stream the same way, with the settings above, while Forge "
+    "encodes the prompt. Forge has read them whole into RAM when it loaded the checkpoint: "
+    "this saves VRAM (and RAM on the disk tier, after the first encode), not the load's RAM."
 )
 
 
@@ -62,57 +79,141 @@ class Host:
     load_saved: Callable[[], Any] = load_settings
 
 
-def offload_for(p: Any, values: tuple[Any, ...], host: Host) -> ForgeOffload | None:
-    """The offload the accordion asks for on ``p``'s model, validated against that model
-    (nothing moves); None when Ferry is off. Raises ControlError naming the control."""
-    model = p.sd_model
-    info = getattr(model, "sd_checkpoint_info", None)
+def requested(p: Any, values: tuple[Any, ...], host: Host, what: str = "") -> ForgeOffload | None:
+    """The offload the accordion asks for on ``p``'s model (``what``: a part of it, added to
+    the name), not yet checked against the network; None when Ferry is off."""
+    info = getattr(p.sd_model, "sd_checkpoint_info", None)
     name = getattr(info, "model_name", None) or "unet"
     offload = offload_from_controls(
-        values, default_disk_path=host.default_disk_path, load_saved=host.load_saved, name=name
-    )
+        values, default_disk_path=host.default_disk_path, load_saved=host.load_saved,
+        name=f"{name} {what}" if what else name,
+    )  # fmt: skip
     if offload is None:
         return None
-    offload = offload.with_source_checkpoint(getattr(info, "filename", None))
-    unet = model.forge_objects.unet
+    return offload.with_source_checkpoint(getattr(info, "filename", None))
+
+
+def check_against(
+    offload: ForgeOffload, layout: ForgeLayout, device: Any, *, what: str, blocks_of: str,
+    control: str,
+) -> None:  # fmt: skip
+    """``offload`` validated against ``layout``'s network (``what``, ``blocks_of`` where its
+    blocks are counted) on ``device``; nothing moves. Each error names the control that fixes
+    it, ``control`` where it is the network's weights."""
     # Forge's own weight types first (GGUF runs, bnb 4-bit where its state is): low_bit.py.
-    check_weights(unet.model.diffusion_model, unet.load_device)
-    layout = UnetLayout.of(unet.model)
+    check_weights(layout.module, device, what=what, control=control)
     try:
-        # Blocks per group first, in the accordion's words: the model's longest run of blocks.
-        probe = replace(offload, policy=OffloadPolicy(level=BlockLevel(1), tier=RamTier()))
-        check_blocks(offload, layout.plan(probe, unet.load_device).max_blocks_per_group)
-        layout.plan(offload, unet.load_device)
+        # Blocks per group first, in the accordion's words: the network's longest run of blocks.
+        probe = HeldOffload(OffloadPolicy(level=BlockLevel(1), tier=RamTier()), offload.name)
+        check_blocks(offload, layout.plan(probe, device).max_blocks_per_group, blocks_of)
+        layout.plan(offload, device)
     except ConfigError as e:
         raise as_control_error(e, saved=offload.from_saved) from None
     check_folder(offload)
+
+
+def offload_for(p: Any, values: tuple[Any, ...], host: Host) -> ForgeOffload | None:
+    """The offload the accordion asks for on ``p``'s model, validated against that model
+    (nothing moves); None when Ferry is off. Raises ControlError naming the control."""
+    offload = requested(p, values, host)
+    if offload is None:
+        return None
+    unet = p.sd_model.forge_objects.unet
+    layout = UnetLayout.of(unet.model)
+    check_against(
+        offload, layout, unet.load_device, what="this UNet", blocks_of="this model",
+        control="enabled",
+    )  # fmt: skip
+    return offload
+
+
+def text_encoder_offload_for(p: Any, values: tuple[Any, ...], host: Host) -> ForgeOffload | None:
+    """The offload of ``p``'s text encoders (the UNet's settings), validated against them;
+    None when "Offload the text encoder too" is off. Raises ControlError naming the control."""
+    if not wants_text_encoder(values):
+        return None
+    offload = requested(p, values, host, "text encoder")
+    assert offload is not None, "wants_text_encoder: the accordion is on"
+    clip = p.sd_model.forge_objects.clip
+    layout = TextEncoderLayout.of_encoder(clip.cond_stage_model)
+    check_against(
+        offload, layout, clip.patcher.load_device, what="the text encoder",
+        blocks_of="the text encoder", control="text_encoder",
+    )  # fmt: skip
     return offload
 
 
 def refuse(p: Any, err: ControlError) -> str:
     """The generation will stop at the UNet's load with ``err`` (before any weight moves)."""
+    p.sd_model.forge_objects.unet = ferry_clone(p.sd_model.forge_objects.unet, None, refusal=err)
+    return counted(err)
+
+
+def counted(err: ControlError) -> str:
+    """``err``'s message, printed and counted as a refusal (the /ferry/stats route)."""
     print(f"{SECTION}: refused: {err}")
     COUNTS["refusals"] += 1
     COUNTS["last_refusal"] = str(err)
-    p.sd_model.forge_objects.unet = ferry_clone(p.sd_model.forge_objects.unet, None, refusal=err)
     return str(err)
+
+
+Find = Callable[[Any, tuple[Any, ...], Host], "ForgeOffload | None"]
+Refuse = Callable[[Any, ControlError], str]
+
+
+def checked(
+    p: Any, values: tuple[Any, ...], host: Host, find: Find, refuse: Refuse, control: str
+) -> ForgeOffload | str | None:
+    """``find``'s offload; or, where it raises, ``refuse``'s message (the generation will stop
+    at that network's load), naming ``control`` for a network Ferry cannot cut (no block
+    list at block level, ...)."""
+    try:
+        return find(p, values, host)
+    except ControlError as e:
+        return refuse(p, e)
+    except FerryError as e:
+        return refuse(p, ControlError(control, str(e)))
 
 
 def hand_over(p: Any, values: tuple[Any, ...], host: Host) -> str | None:
     """Puts a Ferry clone of the UNet's patcher in ``p.sd_model.forge_objects`` (or one that
     refuses to load, naming the control); returns the refusal's message, if any."""
     unet = p.sd_model.forge_objects.unet
-    try:
-        offload = offload_for(p, values, host)
-    except ControlError as e:
-        return refuse(p, e)
-    except FerryError as e:  # a model Ferry cannot cut (no block list at block level, ...)
-        return refuse(p, ControlError("level", str(e)))
-    if offload is None:
-        return None
+    offload = checked(p, values, host, offload_for, refuse, "level")
+    if not isinstance(offload, ForgeOffload):
+        return offload  # off (None), or the refusal's message
     p.sd_model.forge_objects.unet = ferry_clone(unet, offload)
     p.extra_generation_params[INFOTEXT_KEY] = offload.infotext()
     return None
+
+
+def hand_over_text_encoder(p: Any, values: tuple[Any, ...], host: Host) -> str | None:
+    """Puts a Ferry clone of the CLIP in ``p.sd_model.forge_objects`` where "Offload the text
+    encoder too" is on (or one that refuses to load, naming the control); returns the
+    refusal's message, if any. Forge encodes the prompts with it next
+    (``get_learned_conditioning`` loads ``forge_objects.clip.patcher``)."""
+    objects = p.sd_model.forge_objects
+    clip = getattr(objects, "clip", None)
+    if clip is None:
+        return None
+    offload = checked(
+        p, values, host, text_encoder_offload_for, refuse_text_encoder, "text_encoder"
+    )
+    if not isinstance(offload, ForgeOffload):
+        return offload  # off (None), or the refusal's message
+    patcher = clip.patcher
+    if not (isinstance(patcher, TextEncoderPatcherMixin) and patcher.ferry_offload == offload):
+        objects.clip = ferry_text_encoder_clone(clip, offload)
+    mark_encoder_passes(p.sd_model, clip.cond_stage_model)
+    p.extra_generation_params[INFOTEXT_KEY] = offload.infotext() + TEXT_ENCODER_INFOTEXT
+    return None
+
+
+def refuse_text_encoder(p: Any, err: ControlError) -> str:
+    """The generation will stop at the text encoder's load with ``err`` (nothing moves)."""
+    objects = p.sd_model.forge_objects
+    objects.clip = ferry_text_encoder_clone(objects.clip, None, refusal=err)
+    return counted(err)
 
 
 def accordion(host: Host, is_img2img: bool) -> list[Any]:
@@ -159,8 +260,12 @@ def accordion(host: Host, is_img2img: bool) -> list[Any]:
             label="Use saved settings (the Ferry tab's Save, shared with ComfyUI; the controls "
             "above are then ignored)",
         )  # fmt: skip
+        text_encoder = gr.Checkbox(
+            value=DEFAULTS["text_encoder"], elem_id=f"{tab}_ferry_text_encoder",
+            label=LABELS["text_encoder"], info=TEXT_ENCODER_INFO,
+        )  # fmt: skip
         gr.Markdown(GPU_WEIGHTS_NOTE)
-    return [enabled, level, blocks, tier, disk_path, prefetch, budget, use_saved]
+    return [enabled, level, blocks, tier, disk_path, prefetch, budget, use_saved, text_encoder]
 
 
 def infotext_fields(controls: list[Any]) -> list[tuple[Any, Callable[[dict[str, Any]], Any]]]:
@@ -195,8 +300,14 @@ def script_class(host: Host) -> type:
             self.infotext_fields = infotext_fields(controls)
             return controls
 
+        def process_batch(self, p: Any, *args: Any, **kwargs: Any) -> None:
+            # Right before this batch's prompts are encoded (setup_conds).
+            hand_over_text_encoder(p, args, host)
+
         def process_before_every_sampling(self, p: Any, *args: Any, **kwargs: Any) -> None:
-            # Called again for the hires pass, on a fresh copy of the UNet's patcher.
+            # Called again for the hires pass, on a fresh copy of the UNet's patcher (and of
+            # the CLIP's: the hires prompts are encoded after it).
             hand_over(p, args, host)
+            hand_over_text_encoder(p, args, host)
 
     return FerryOffloadScript

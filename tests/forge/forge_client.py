@@ -33,9 +33,10 @@ def ferry(
     budget: str = "",
     use_saved: bool = False,
     enabled: bool = True,
+    text_encoder: bool = False,
 ) -> list[Any]:
     """The accordion's values, in its controls' order (webui/controls.py: CONTROLS)."""
-    return [enabled, level, blocks, tier, disk, look_ahead, budget, use_saved]
+    return [enabled, level, blocks, tier, disk, look_ahead, budget, use_saved, text_encoder]
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Image:
     png: bytes
     info: dict[str, Any]
     latents: bytes  # what the sampler returned, before the VAE (tests/forge/latents_ext)
+    cond: bytes = b""  # the prompt's conditioning the sampler was given (the text encoder's)
 
     def same_as(self, other: Image) -> bool:
         return self.png == other.png and self.latents == other.latents
@@ -131,6 +133,7 @@ class Forge:
             base64.b64decode(out["images"][0]),
             json.loads(out["info"]),
             base64.b64decode(lat["data"]),
+            base64.b64decode(lat["cond"]),
         )
 
     def stats(self) -> dict[str, Any]:

@@ -153,6 +153,22 @@ def test_a_refusal_reaches_the_user(page: Any, server: Server) -> None:
     assert not [e for e in page.page_errors if "ferry" in e.lower()], page.page_errors
 
 
+def test_the_text_encoder_box_encodes_through_ferry(page: Any, server: Server) -> None:
+    """Ticked, the prompt (a new one: Forge encodes only a changed prompt) is encoded through
+    Ferry; unticked, the text encoder's layout is released at the next encode."""
+    box = page.locator("#txt2img_ferry_text_encoder input[type=checkbox]")
+    box.check()
+    page.locator("#txt2img_prompt textarea").fill("a ferry at dawn")
+    info = _generate(page)
+    assert 'Ferry: "block 1, ram, look-ahead 1, VRAM budget auto, text encoder too"' in info, info
+    names = sorted(o["name"] for o in server.forge.stats()["offloads"])
+    assert names == ["ferry-sd15-a", "ferry-sd15-a text encoder"], names
+    box.uncheck()
+    page.locator("#txt2img_prompt textarea").fill("a ferry at dusk")
+    assert "text encoder too" not in _generate(page)
+    assert [o["name"] for o in server.forge.stats()["offloads"]] == ["ferry-sd15-a"]
+
+
 def test_the_tab_plans_on_forges_unet_and_shows_the_live_offload(
     page: Any, server: Server, shots: Path
 ) -> None:
