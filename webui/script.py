@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..offload_core import BlockLevel, ConfigError, FerryError, OffloadPolicy, RamTier
+from ..offload_core import BlockLevel, ConfigError, FerryError, OffloadKind, OffloadPolicy, RamTier
 from ..offload_core.tools.settings_file import load_settings
 from ..seam.choices import level_choices, tier_choices
 from ..seam.offload import HeldOffload
@@ -79,17 +79,21 @@ class Host:
     load_saved: Callable[[], Any] = load_settings
 
 
-def requested(p: Any, values: tuple[Any, ...], host: Host, what: str = "") -> ForgeOffload | None:
-    """The offload the accordion asks for on ``p``'s model (``what``: a part of it, added to
-    the name), not yet checked against the network; None when Ferry is off."""
+def requested(
+    p: Any, values: tuple[Any, ...], host: Host, kind: OffloadKind = OffloadKind.MODEL
+) -> ForgeOffload | None:
+    """The offload the accordion asks for on ``p``'s model (``kind``: the UNet or its text
+    encoder, named by the checkpoint either way: the line reads "text encoder: <checkpoint>"),
+    not yet checked against the network; None when Ferry is off."""
     info = getattr(p.sd_model, "sd_checkpoint_info", None)
     name = getattr(info, "model_name", None) or "unet"
     offload = offload_from_controls(
         values, default_disk_path=host.default_disk_path, load_saved=host.load_saved,
-        name=f"{name} {what}" if what else name,
+        name=name,
     )  # fmt: skip
     if offload is None:
         return None
+    offload = ForgeOffload(offload.policy, offload.name, kind, from_saved=offload.from_saved)
     return offload.with_source_checkpoint(getattr(info, "filename", None))
 
 
@@ -132,7 +136,7 @@ def text_encoder_offload_for(p: Any, values: tuple[Any, ...], host: Host) -> For
     None when "Offload the text encoder too" is off. Raises ControlError naming the control."""
     if not wants_text_encoder(values):
         return None
-    offload = requested(p, values, host, "text encoder")
+    offload = requested(p, values, host, OffloadKind.TEXT_ENCODER)
     assert offload is not None, "wants_text_encoder: the accordion is on"
     clip = p.sd_model.forge_objects.clip
     layout = TextEncoderLayout.of_encoder(clip.cond_stage_model)

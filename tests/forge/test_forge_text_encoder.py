@@ -21,7 +21,7 @@ from forge_client import PROMPT, Image, ferry
 from forge_server import Server
 
 CASES = [(tier, level) for tier in ("ram", "pinned", "disk") for level in ("block", "leaf")]
-TE_NAME = "ferry-sd15-a text encoder"
+TE_NAME = "ferry-sd15-a"  # the checkpoint's name; the line's kind says text encoder
 
 
 def prompt(i: int) -> str:
@@ -29,7 +29,8 @@ def prompt(i: int) -> str:
 
 
 def text_encoder(srv: Server) -> dict[str, Any] | None:
-    found = [o for o in srv.forge.stats()["offloads"] if o["name"] == TE_NAME]
+    offloads = srv.forge.stats()["offloads"]
+    found = [o for o in offloads if o["name"] == TE_NAME and o.get("kind") == "text_encoder"]
     assert len(found) <= 1, found
     return found[0] if found else None
 
