@@ -199,12 +199,13 @@ def test_gguf_text_encoder_with_a_lora_before_and_after_ferry(
 
 @pytest.fixture(scope="module")
 def lora_plain(client: Client, server: Server) -> dict[str, dict[str, torch.Tensor]]:
-    """Core's loader -> LoraLoader -> CLIPTextEncode, for each case (and the LoRA matters)."""
+    """Core's loader -> LoraLoader -> CLIPTextEncode, for each case (and the LoRA matters);
+    ``<case>-bare``: core's loader -> CLIPTextEncode."""
     out = {}
     for case, (core, _, inputs) in LORA_CASES.items():
         out[case] = encode(client, server, chain_graph(core, inputs, [("lora", 1.0)], f"{case}-l"))
-        bare = encode(client, server, chain_graph(core, inputs, [], f"{case}-bare"))
-        assert not torch.equal(out[case]["0.context"], bare["0.context"]), "the LoRA changes it"
+        out[f"{case}-bare"] = encode(client, server, chain_graph(core, inputs, [], f"{case}-bare"))
+        assert not torch.equal(out[case]["0.context"], out[f"{case}-bare"]["0.context"])
     return out
 
 
@@ -240,3 +241,25 @@ def test_lora_on_a_lazy_clip_without_ferry_offload(
     _, ferry_node, inputs = LORA_CASES[case]
     got = encode(client, server, chain_graph(ferry_node, inputs, [("lora", 1.0)], f"{case}-lz"))
     assert_equal(got, lora_plain[case])
+
+
+@pytest.mark.parametrize("ferry_loader", [True, False], ids=["lazy", "core"])
+def test_the_lora_goes_when_the_lora_node_goes(
+    client: Client,
+    server: Server,
+    lora_plain: dict[str, dict[str, torch.Tensor]],
+    ferry_loader: bool,
+) -> None:
+    # One loader output (cached by ComfyUI, so one network) encodes with the LoRA and then
+    # without it: the LoRA baked into the layout (and into the CLIP-L read whole beside the
+    # streamed T5) must not stay in the network.
+    core, ferry_node, inputs = LORA_CASES["flux"]
+    loader = ferry_node if ferry_loader else core
+    for tier in ("ram", "disk"):
+        ferry = ("ferry", ferry_te(tier=tier))
+        g = chain_graph(loader, inputs, [("lora", 1.0), ferry], f"go-{loader}-{tier}-lora")
+        assert_equal(encode_ferry(client, server, g, tier), lora_plain["flux"])
+        g = chain_graph(loader, inputs, [ferry], f"go-{loader}-{tier}-bare")
+        assert_equal(encode_ferry(client, server, g, tier), lora_plain["flux-bare"])
+    g = chain_graph(loader, inputs, [], f"go-{loader}-plain")
+    assert_equal(encode(client, server, g), lora_plain["flux-bare"])
