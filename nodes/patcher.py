@@ -44,7 +44,7 @@ from .hold import HeldByFerry, anchor, hold
 from .pusher import ensure_pushing
 from .recovery import KEY as RECOVERY_KEY
 from .recovery import ModelReloadError, for_node, guard, has_meta_module, in_prompt, refuse_lost
-from .stream_loader import is_lazy, materialize, stream_weights
+from .stream_loader import is_lazy, materialize, stream_weights, unstreamed_patches
 
 log = logging.getLogger("ferry")
 
@@ -111,9 +111,14 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
             self.model.model_lowvram = False
         weights = stream_weights(self, device_to)
         if weights is not None:
-            return weights  # the Ferry loader's model: groups come straight from its file
+            # The Ferry loader's model: groups come straight from its file, their patches
+            # computed as they are read. A text encoder's other files (a CLIP-L beside the
+            # streamed T5) were read whole into the module: their patches are baked in as
+            # for any model, with ComfyUI's backups (an unpatch puts the originals back).
+            self._ferry_patch_weights(device_to, unstreamed_patches(self, weights))
+            return weights
         self._ferry_network_of(self.model).to(self.offload_device)
-        self._ferry_patch_weights(device_to)
+        self._ferry_patch_weights(device_to, list(self.patches))
         return None
 
     def _ferry_materialize_plain(self) -> None:
@@ -121,10 +126,10 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
         if self.ferry_config is None and is_lazy(self.model):
             materialize(self.model, self.offload_device)
 
-    def _ferry_patch_weights(self, device_to: torch.device | None) -> None:
-        """Bakes this patcher's weight patches (LoRA, ...) into the host weights, exactly as
-        ComfyUI's full load computes them, so Ferry lays out the patched weights."""
-        for key in list(self.patches):
+    def _ferry_patch_weights(self, device_to: torch.device | None, keys: list[str]) -> None:
+        """Bakes this patcher's weight patches (LoRA, ...) of ``keys`` into the host weights,
+        exactly as ComfyUI's full load computes them, so Ferry lays out the patched weights."""
+        for key in keys:
             bk = self.backup.get(key)
             if bk is not None:  # already patched by an earlier layout: start from the original
                 comfy.utils.set_attr_param(self.model, key, bk.weight)

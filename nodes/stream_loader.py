@@ -260,6 +260,13 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
     return lazy.open_stream(lazy.network(base), convert, lambda name: pre + name in patches)
 
 
+def unstreamed_patches(patcher: Any, weights: CheckpointWeights) -> list[str]:
+    """The patcher's patch keys whose tensors ``weights`` (the streamed file) does not hold:
+    a lazy text encoder's other files, read whole into the module by ``open_stream``."""
+    pre = patcher.model.ferry_checkpoint.patch_prefix
+    return [k for k in patcher.patches if k[len(pre) :] not in weights.keys]
+
+
 def bytes_to_write(patcher: Any, plan: Any) -> int | None:
     """What a disk layout of the Ferry loader's model writes to Ferry's folder with the
     patches it has now: its streamed groups that are not read verbatim from the checkpoint
