@@ -19,7 +19,6 @@ import torch
 
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
 from ..seam.passes import mark_passes
-from ..seam.patcher_class import keep_ferry_class
 from .patcher import FerryPatcherMixin
 
 #: The methods through which ComfyUI runs a text encoder (comfy/sd.py, CLIP.encode_from_tokens
@@ -41,7 +40,8 @@ class TextEncoderPatcherMixin(FerryPatcherMixin):
         mark_passes(self.model, ENTRY_METHODS)
         return super()._ferry_prepare(device_to)
 
-    def clone(self, *args: Any, **kwargs: Any) -> Any:
-        # A pack's clone that sets its own class back (ComfyUI-GGUF's CLIP patcher does) gets
-        # Ferry's class again from FerryPatcherMixin.clone; this keeps the text encoder's.
-        return keep_ferry_class(super().clone(*args, **kwargs), TextEncoderPatcherMixin)
+
+# A pack's clone that sets its own class back (ComfyUI-GGUF's CLIP patcher does) gets Ferry's
+# class again from FerryClones.clone: this mixin, not the MODEL's, which FerryClones would pick
+# for a subclass of it.
+TextEncoderPatcherMixin.ferry_mixin = TextEncoderPatcherMixin
