@@ -81,8 +81,8 @@ def test_every_tier_and_level_gives_forges_conditioning(
         tier,
         level,
     )
-    assert (handle.name, handle.kind.value) == ("tiny-te", "text_encoder")
-    assert handle.stats().kind == "text_encoder"  # its line reads "text encoder: tiny-te"
+    assert (handle.name, handle.kind.value) == ("clip_l", "text_encoder")
+    assert handle.stats().kind == "text_encoder"  # its line reads "text encoder: clip_l"
     # Each chunk the engine encodes is one pass (seam/passes.py on encode_with_transformers).
     assert handle.stats().forwards == 2 and handle.stats().group_loads > 0
     assert p.extra_generation_params["Ferry"].endswith(", text encoder too")

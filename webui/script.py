@@ -80,13 +80,17 @@ class Host:
 
 
 def requested(
-    p: Any, values: tuple[Any, ...], host: Host, kind: OffloadKind = OffloadKind.MODEL
+    p: Any,
+    values: tuple[Any, ...],
+    host: Host,
+    kind: OffloadKind = OffloadKind.MODEL,
+    name: str = "",
 ) -> ForgeOffload | None:
     """The offload the accordion asks for on ``p``'s model (``kind``: the UNet or its text
-    encoder, named by the checkpoint either way: the line reads "text encoder: <checkpoint>"),
-    not yet checked against the network; None when Ferry is off."""
+    encoder; ``name``: its line's, by default the checkpoint's), not yet checked against the
+    network; None when Ferry is off."""
     info = getattr(p.sd_model, "sd_checkpoint_info", None)
-    name = getattr(info, "model_name", None) or "unet"
+    name = name or getattr(info, "model_name", None) or "unet"
     offload = offload_from_controls(
         values, default_disk_path=host.default_disk_path, load_saved=host.load_saved,
         name=name,
@@ -136,9 +140,13 @@ def text_encoder_offload_for(p: Any, values: tuple[Any, ...], host: Host) -> For
     None when "Offload the text encoder too" is off. Raises ControlError naming the control."""
     if not wants_text_encoder(values):
         return None
-    offload = requested(p, values, host, OffloadKind.TEXT_ENCODER)
-    assert offload is not None, "wants_text_encoder: the accordion is on"
     clip = p.sd_model.forge_objects.clip
+    # Its line is named by the encoders Forge's JointTextEncoder (a ModuleDict) holds, as
+    # ComfyUI's are ("text encoder: clip_l + clip_g"): the UNet's line has the checkpoint's
+    # name, and the registry would number a second line of the same name.
+    encoders = " + ".join(clip.cond_stage_model.keys())
+    offload = requested(p, values, host, OffloadKind.TEXT_ENCODER, encoders)
+    assert offload is not None, "wants_text_encoder: the accordion is on"
     layout = TextEncoderLayout.of_encoder(clip.cond_stage_model)
     check_against(
         offload, layout, clip.patcher.load_device, what="the text encoder",

@@ -21,7 +21,7 @@ from forge_client import PROMPT, Image, ferry
 from forge_server import Server
 
 CASES = [(tier, level) for tier in ("ram", "pinned", "disk") for level in ("block", "leaf")]
-TE_NAME = "ferry-sd15-a"  # the checkpoint's name; the line's kind says text encoder
+TE_NAME = "clip_l"  # the encoders Forge's SD 1.5 CLIP holds: the line reads "text encoder: clip_l"
 
 
 def prompt(i: int) -> str:
@@ -68,7 +68,7 @@ def test_every_tier_and_level_gives_forges_conditioning(
     assert img.same_as(ref)
     assert img.infotext.count(", text encoder too") == 1, img.infotext
     o = text_encoder(server)
-    assert o is not None and (o["level"], o["tier"]) == (level, tier)
+    assert o is not None and (o["level"], o["tier"]) == (level, tier), server.forge.stats()
     assert o["forwards"] >= 1 and o["group_loads"] > 0
     if before is not None and (before["level"], before["tier"]) == (level, tier):
         assert o["forwards"] > before["forwards"]
