@@ -169,7 +169,7 @@ def test_too_many_blocks_for_the_encoder_is_refused_before_anything_moves(sessio
 
 
 def test_a_tensor_ferry_cannot_move_is_refused_naming_the_box(session: Any) -> None:
-    enc = session.joint["clip_l"]
+    enc = session.joint.clip_l
     enc.final_norm.weight = torch.nn.Parameter(
         torch.ones(32).to_sparse(), requires_grad=False
     )  # a sparse tensor: offload_core refuses it by name

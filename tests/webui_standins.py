@@ -907,8 +907,15 @@ class TextEncoder(nn.Module):
         return self.final_norm(h)
 
 
-class JointTextEncoder(nn.ModuleDict):
-    """clip.py ``JointTextEncoder``: a ModuleDict of the checkpoint's encoders."""
+class JointTextEncoder(nn.Module):
+    """clip.py ``JointTextEncoder``: backend/nn/base.py's ``ModuleDict``, which is a plain
+    Module with each of the checkpoint's encoders added as a child (no ``keys``, no ``[k]``:
+    Forge reads them as attributes)."""
+
+    def __init__(self, encoders: dict[str, nn.Module]) -> None:
+        super().__init__()
+        for name, module in encoders.items():
+            self.add_module(name, module)
 
 
 class CLIP:
@@ -972,7 +979,7 @@ def load_text_checkpoint(
     torch.manual_seed(seed + 1)
     clip = CLIP({k: TextEncoder(n_layers=4 + 2 * i) for i, k in enumerate(encoders)})
     unet = base.forge_objects.unet
-    engines = {k: TextProcessingEngine(clip.cond_stage_model[k]) for k in encoders}
+    engines = {k: TextProcessingEngine(getattr(clip.cond_stage_model, k)) for k in encoders}
     return TextSdModel(
         ForgeObjects(unet, clip), ForgeObjects(unet, clip), ForgeObjects(unet, clip),
         base.sd_checkpoint_info, engines,

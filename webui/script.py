@@ -141,10 +141,10 @@ def text_encoder_offload_for(p: Any, values: tuple[Any, ...], host: Host) -> For
     if not wants_text_encoder(values):
         return None
     clip = p.sd_model.forge_objects.clip
-    # Its line is named by the encoders Forge's JointTextEncoder (a ModuleDict) holds, as
+    # Its line is named by the encoders Forge's JointTextEncoder holds (its children), as
     # ComfyUI's are ("text encoder: clip_l + clip_g"): the UNet's line has the checkpoint's
     # name, and the registry would number a second line of the same name.
-    encoders = " + ".join(clip.cond_stage_model.keys())
+    encoders = " + ".join(name for name, _ in clip.cond_stage_model.named_children())
     offload = requested(p, values, host, OffloadKind.TEXT_ENCODER, encoders)
     assert offload is not None, "wants_text_encoder: the accordion is on"
     layout = TextEncoderLayout.of_encoder(clip.cond_stage_model)
