@@ -1,7 +1,7 @@
 """The whole graph in real ComfyUI (issue 29): a text encoder bigger than the diffusion model,
 the diffusion model, a VAE; plain against Ferry on the text encoder, the model, and both.
 
-    python -m bench.whole_graph --comfy /work/comfy/v0.33.0 [--workdir DIR] [--limit-mb 1800]
+    python -m bench.whole_graph --comfy /work/comfy/v0.33.0 [--workdir DIR] [--limit-mib 1800]
         [--tier disk] [--out FILE]
 
 The files (tests/comfyui/whole_graph.py make_graph_base): a T5-XXL-shaped encoder of 2.5 GB
@@ -16,7 +16,7 @@ Columns: ``first latent`` is the time from queueing the prompt to SaveLatent's f
 process's VmHWM (its own memory and the file pages it mapped); ``peak anon`` its RssAnon
 sampled every 50 ms (its own memory alone: what a memory limit cannot reclaim);
 ``equal`` compares the latent and the decoded image with the plain row's, ``torch.equal``.
-With ``--limit-mb``, plain and ferry-both run again inside a memory cgroup of that size
+With ``--limit-mib``, plain and ferry-both run again inside a memory cgroup of that size
 (root; tests/cgroup_limit.py): ``killed`` where the kernel killed the server.
 """
 
@@ -37,7 +37,7 @@ HERE = REPO / "tests" / "comfyui"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-MB = 1 << 20
+from offload_core.units import MIB, fmt_bytes  # noqa: E402
 
 
 class Peaks:
@@ -69,7 +69,7 @@ class Peaks:
 def warm_cache(base: Path) -> None:
     for p in sorted((base / "models").rglob("*.safetensors")):
         with open(p, "rb") as f:
-            while f.read(64 * MB):
+            while f.read(64 * MIB):
                 pass
 
 
@@ -146,12 +146,12 @@ def table(rows: list[dict[str, Any]], reference: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in rows:
-        limit = f"{r['limit'] // MB} MiB cgroup" if r["limit"] else "none"
+        limit = f"{fmt_bytes(r['limit'])} cgroup" if r["limit"] else "none"
         if "error" in r:
             what = "killed (-9)" if r.get("killed") else r["error"]
             lines.append(
-                f"| {r['row']} | {limit} | - | - | {r['peak_rss'] / MB:.0f} | "
-                f"{r['peak_anon'] / MB:.0f} | {what} |"
+                f"| {r['row']} | {limit} | - | - | {r['peak_rss'] / MIB:.0f} | "
+                f"{r['peak_anon'] / MIB:.0f} | {what} |"
             )
             continue
         equal = torch.equal(r["latent"], reference["latent"]) and torch.equal(
@@ -160,7 +160,7 @@ def table(rows: list[dict[str, Any]], reference: dict[str, Any]) -> str:
         first = r["first_latent_s"]
         lines.append(
             f"| {r['row']} | {limit} | {first:.1f} | {r['done_s']:.1f} | "
-            f"{r['peak_rss'] / MB:.0f} | {r['peak_anon'] / MB:.0f} | "
+            f"{r['peak_rss'] / MIB:.0f} | {r['peak_anon'] / MIB:.0f} | "
             f"{'yes' if equal else 'NO'} |"
         )
     return "\n".join(lines)
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--comfy", default=os.environ.get("FERRY_COMFYUI"))
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/ferry-bench-graph"))
-    ap.add_argument("--limit-mb", type=int, default=0)
+    ap.add_argument("--limit-mib", type=int, default=0)
     ap.add_argument("--tier", default="disk", choices=("pinned", "ram", "disk"))
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -191,18 +191,18 @@ def main(argv: list[str] | None = None) -> int:
         make_graph_base(base)
     shutil.rmtree(base / "output", ignore_errors=True)  # a row's first latent is its own file
     warm_cache(base)
-    te_mb = (base / "models" / "text_encoders" / BIG_T5XXL_FILE).stat().st_size // MB
+    te_mb = (base / "models" / "text_encoders" / BIG_T5XXL_FILE).stat().st_size // MIB
     rows = []
     plan = [(replace(v, tier=args.tier), None) for v in VARIANTS]
-    if args.limit_mb:
-        if args.limit_mb * MB >= te_mb * MB:
-            ap.error(f"--limit-mb {args.limit_mb} is not below the text encoder's {te_mb} MiB")
+    if args.limit_mib:
+        if args.limit_mib * MIB >= te_mb * MIB:
+            ap.error(f"--limit-mib {args.limit_mib} is not below the text encoder's {te_mb} MiB")
         plan += [
-            (replace(FERRY_BOTH, tier=args.tier), args.limit_mb * MB),
-            (PLAIN, args.limit_mb * MB),
+            (replace(FERRY_BOTH, tier=args.tier), args.limit_mib * MIB),
+            (PLAIN, args.limit_mib * MIB),
         ]
     for i, (variant, limit) in enumerate(plan):
-        print(f"[{i + 1}/{len(plan)}] {variant.name} limit={limit and limit // MB}", flush=True)
+        print(f"[{i + 1}/{len(plan)}] {variant.name} limit={limit and limit // MIB}", flush=True)
         rows.append(run_row(base, variant, f"bench-{i}-{variant.name}", limit))
     reference = rows[0]
     if "error" in reference:

@@ -192,7 +192,7 @@ def test_apply_reoffloads_the_demo_and_the_monitor_shows_it(
         "shared memory",
     }
     assert all(row[1] > 0 for row in system["data"])
-    row = next(r for r in table["data"] if r[0] == handle.name)
+    row = next(r for r in table["data"] if r[0] == handle.kind.line_title(handle.name))
     assert row[1] == "ram" and row[2] == "3 (0)" and row[-1] >= 1
     assert "samples" in status
 
