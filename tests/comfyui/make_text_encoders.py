@@ -4,6 +4,8 @@ core's CLIPLoader / DualCLIPLoader as the real ones are:
 - ``ferry-tiny-t5xxl.safetensors``: T5-XXL-shaped (core's ``sd3_clip.T5XXLModel``): 24 blocks and
   the 10240-wide gated feed-forward detection looks for, 32 wide elsewhere (CLIPLoader type sd3;
   with the CLIP-L one, DualCLIPLoader type flux);
+- ``ferry-tiny-t5xxl-fp8.safetensors``: the same T5 in float8_e4m3fn, as the fp8 T5 files
+  users load are (core builds it in fp8 and computes in its manual-cast dtype);
 - ``ferry-tiny-clip-l.safetensors``: CLIP-L-shaped (core's ``sd1_clip.SDClipModel``), 4 layers;
 - ``ferry-tiny-gemma2.safetensors``: an LLM, Gemma-2-shaped (core's ``lumina2.Gemma2_2BModel``,
   class ``llama.Gemma2_2B``), 4 decoder layers (CLIPLoader type lumina2). Its tokenizer is in
@@ -49,6 +51,7 @@ BIG_T5XXL = [
     {"d_model": 4096, "d_kv": 64, "num_heads": 16, "d_ff": 1024, "num_layers": 24},
 ]
 BIG_T5XXL_FILE = "ferry-big-t5xxl.safetensors"
+T5XXL_FP8_FILE = "ferry-tiny-t5xxl-fp8.safetensors"
 CLIP_L = {
     "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
     "num_hidden_layers": 4, "projection_dim": 32,
@@ -162,6 +165,12 @@ def main(comfy_dir: str, models_dir: str, big: bool = False, big_layers: int = 2
         meta = {META_KEY: json.dumps({hook: sizes})}
         save_file(sd, os.path.join(out_dir, name), metadata=meta)
         print(f"{name}: {sum(v.numel() for v in sd.values())} values, {len(sd)} tensors")
+        if model_name == "t5xxl":  # as t5xxl_fp8_e4m3fn.safetensors: every weight in fp8
+            fp8 = {
+                k: v.to(torch.float8_e4m3fn) if v.is_floating_point() else v for k, v in sd.items()
+            }
+            save_file(fp8, os.path.join(out_dir, T5XXL_FP8_FILE), metadata=meta)
+            print(f"{T5XXL_FP8_FILE}: the same values in float8_e4m3fn")
     if big:
         _big_t5(t5, out_dir, big_layers)
 

@@ -39,6 +39,7 @@ from safetensors.torch import load_file
 T5 = "ferry-tiny-t5xxl.safetensors"
 CLIP_L = "ferry-tiny-clip-l.safetensors"
 GEMMA2 = "ferry-tiny-gemma2.safetensors"
+T5_FP8 = "ferry-tiny-t5xxl-fp8.safetensors"  # make_text_encoders.T5XXL_FP8_FILE
 
 #: case -> (loader node, its inputs, the groups every encoder brings at block level: list name
 #: -> its layer count, as core's classes build them with make_text_encoders.py's sizes)
@@ -46,6 +47,11 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, int]]] = {
     "t5": (
         "CLIPLoader",
         {"clip_name": T5, "type": "sd3"},
+        {"t5xxl.transformer.encoder.block": 24},
+    ),
+    "t5-fp8": (
+        "CLIPLoader",
+        {"clip_name": T5_FP8, "type": "sd3"},
         {"t5xxl.transformer.encoder.block": 24},
     ),
     "flux": (
@@ -61,7 +67,7 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, int]]] = {
 }
 TEXT = "a ferry crossing a wide river at dawn, oil painting"
 #: case -> the name on its line in /ferry/stats: the encoders the CLIP holds, by core's names.
-NAMES = {"t5": "t5xxl", "flux": "clip_l + t5xxl", "lumina2": "gemma2_2b"}
+NAMES = {"t5": "t5xxl", "t5-fp8": "t5xxl", "flux": "clip_l + t5xxl", "lumina2": "gemma2_2b"}
 
 
 @pytest.fixture(scope="module")
