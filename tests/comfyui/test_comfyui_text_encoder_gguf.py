@@ -28,9 +28,8 @@ from typing import Any
 import pytest
 import torch
 from conftest import Server, comfy_checkout, make_base, start_server, stop_server
-from ferry_workflows import Client, error_message
-from safetensors.torch import load_file
-from test_comfyui_text_encoder import TEXT, assert_equal, ferry_te, laid_out
+from ferry_workflows import Client
+from test_comfyui_text_encoder import TEXT, assert_equal, encode, ferry_te, laid_out
 
 GGUF_PACK = os.environ.get("FERRY_COMFYUI_GGUF")
 needs_gguf = pytest.mark.skipif(
@@ -120,13 +119,6 @@ def chain_graph(
         "inputs": {"conditioning": ["2", 0], "filename_prefix": prefix},
     }
     return g
-
-
-def encode(client: Client, srv: Server, g: dict[str, Any]) -> dict[str, torch.Tensor]:
-    entry = client.run(g, timeout=600)
-    assert entry["status"]["status_str"] == "success", f"{error_message(entry)}\n{srv.log_tail()}"
-    prefix = g["3"]["inputs"]["filename_prefix"]
-    return load_file(str(srv.base / "output" / f"{prefix}.safetensors"))
 
 
 def encode_ferry(
