@@ -27,7 +27,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,32 +37,6 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 from offload_core.units import MIB, fmt_bytes  # noqa: E402
-
-
-class Peaks:
-    """A process's RssAnon sampled on a thread; VmHWM read at the end (the kernel's peak)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.anon, self.hwm = pid, 0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _field(self, text: str, name: str) -> int:
-        return int(text.split(f"{name}:")[1].split()[0]) * 1024
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.05):
-            try:
-                text = Path(f"/proc/{self.pid}/status").read_text()
-                anon, hwm = self._field(text, "RssAnon"), self._field(text, "VmHWM")
-            except (OSError, IndexError):  # gone, or a zombie (no memory lines left)
-                return
-            self.anon, self.hwm = max(self.anon, anon), max(self.hwm, hwm)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def warm_cache(base: Path) -> None:
@@ -79,6 +52,7 @@ def run_row(base: Path, variant: Any, prefix: str, limit: int | None) -> dict[st
     from conftest import comfy_checkout, start_server, stop_server
     from ferry_workflows import Client, error_message, saved_latent_name
     from safetensors.torch import load_file
+    from test_comfyui_bigger_than_ram import RssAnonPeak
     from whole_graph import image_path, whole_graph
 
     from tests import cgroup_limit
@@ -87,7 +61,7 @@ def run_row(base: Path, variant: Any, prefix: str, limit: int | None) -> dict[st
     group = cgroup_limit.MemoryGroup(limit, name="ferry-bench-graph") if limit else None
     srv = start_server(comfy, py, base, preexec_fn=group.enter if group else None)
     out: dict[str, Any] = {"row": variant.name, "limit": limit}
-    peaks = Peaks(srv.proc.pid)
+    peaks = RssAnonPeak(srv.proc.pid)
     try:
         client = Client(srv.url)
         t0 = time.monotonic()
@@ -120,8 +94,7 @@ def run_row(base: Path, variant: Any, prefix: str, limit: int | None) -> dict[st
         out["finite"] = bool(torch.isfinite(out["image"]).all() and torch.isfinite(latent).all())
         return out
     finally:
-        peaks.stop()
-        out["peak_anon"], out["peak_rss"] = peaks.anon, peaks.hwm
+        out["peak_anon"], out["peak_rss"] = peaks.stop(), peaks.hwm
         if group is not None:
             out["cgroup_peak"] = group.max_usage
         stop_server(srv)

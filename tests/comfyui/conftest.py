@@ -111,6 +111,14 @@ def make_base(
     (custom / "ComfyUI-Ferry").symlink_to(REPO, target_is_directory=True)
     for pack in ("ferry_test_nodes.py", "ferry_standin_nodes.py"):
         shutil.copy(HERE / pack, custom / pack)
+    run_maker(base, py, comfy, script, *args, timeout=timeout)
+
+
+def run_maker(
+    base: Path, py: str, comfy: Path, script: str, *args: str, timeout: float = 300
+) -> None:
+    """Writes more models into ``base`` with a maker of this folder, run by ComfyUI's python:
+    ``script <checkout> <models dir> *args``."""
     subprocess.run(
         [py, str(HERE / script), str(comfy), str(base / "models"), *args],
         check=True,

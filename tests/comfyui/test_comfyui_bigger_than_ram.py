@@ -25,6 +25,7 @@ from conftest import (
     comfy_checkout,
     limited_server,
     make_base,
+    run_maker,
     start_server,
     stop_server,
 )
@@ -88,13 +89,7 @@ def big_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     comfy, py = comfy_checkout()
     base = tmp_path_factory.mktemp("comfy-big")
     make_base(base, py, comfy)
-    import subprocess
-
-    subprocess.run(
-        [py, str(HERE / "make_big_model.py"), str(comfy), str(base / "models"), str(DEPTH)],
-        check=True,
-        timeout=600,
-    )
+    run_maker(base, py, comfy, "make_big_model.py", str(DEPTH), timeout=600)
     assert (base / "models" / "diffusion_models" / MODEL_FILE).stat().st_size >= 2 * LIMIT
     return base
 
@@ -113,11 +108,15 @@ def references(big_base: Path) -> dict[str, torch.Tensor]:
         stop_server(srv)
 
 
+FIELDS = ("RssAnon", "VmHWM")  # /proc/<pid>/status
+
+
 class RssAnonPeak:
-    """Samples a process's RssAnon (its own memory, not the page cache) on a thread."""
+    """Samples a process's RssAnon (its own memory, not the page cache) on a thread; ``hwm``
+    is the kernel's VmHWM (its RSS peak, mapped file pages too) at the last sample."""
 
     def __init__(self, pid: int) -> None:
-        self.pid, self.peak = pid, 0
+        self.pid, self.peak, self.hwm = pid, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -126,10 +125,10 @@ class RssAnonPeak:
         while not self._stop.wait(0.05):
             try:
                 text = Path(f"/proc/{self.pid}/status").read_text()
-            except OSError:
+                anon, hwm = (int(text.split(f"{k}:")[1].split()[0]) * 1024 for k in FIELDS)
+            except (OSError, IndexError):  # gone, or a zombie (no memory lines left)
                 return
-            kb = int(text.split("RssAnon:")[1].split()[0])
-            self.peak = max(self.peak, kb * 1024)
+            self.peak, self.hwm = max(self.peak, anon), max(self.hwm, hwm)
 
     def stop(self) -> int:
         self._stop.set()

@@ -16,7 +16,6 @@ The encoders are tiny random ones built by core's own classes and detected by co
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,11 +23,10 @@ import pytest
 import torch
 from conftest import (
     HAS_AIMDO,
-    HERE,
     Server,
     comfy_checkout,
-    core_env,
     make_base,
+    run_maker,
     start_server,
     stop_server,
 )
@@ -76,8 +74,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     base = tmp_path_factory.mktemp("comfy-te")
     make_base(base, py, comfy, "make_text_encoders.py")
     # The tiny SD3 too, for the graph that offloads a diffusion model beside its text encoder.
-    tiny = [py, str(HERE / "make_tiny_models.py"), str(comfy), str(base / "models")]
-    subprocess.run(tiny, check=True, cwd=base, timeout=300, env=core_env())
+    run_maker(base, py, comfy, "make_tiny_models.py")
     srv = start_server(comfy, py, base)
     try:
         yield srv
@@ -91,11 +88,8 @@ def client(server: Server) -> Client:
 
 
 def ferry_te(**over: Any) -> dict[str, Any]:
-    inputs = {
-        "use_panel_settings": False, "level": "block", "blocks_per_group": 1, "tier": "ram",
-        "disk_path": "", "prefetch_depth": 1, "vram_budget": "",
-    }  # fmt: skip
-    return {**inputs, **over}
+    """Ferry Offload Text Encoder's widgets: Ferry Offload Model's, the same defaults."""
+    return ferry_model(**over)[1]
 
 
 #: Ferry's loader in place of core's: the same inputs.

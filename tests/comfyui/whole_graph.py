@@ -14,12 +14,12 @@ diffusion model only, or both (Ferry's loaders, each followed by its offload nod
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conftest import HERE, comfy_checkout, core_env, make_base
+from conftest import comfy_checkout, make_base, run_maker
+from ferry_workflows import ferry
 from make_text_encoders import BIG_T5XXL_FILE
 from make_whole_graph import MODEL_FILE, VAE_FILE
 
@@ -55,16 +55,7 @@ def make_graph_base(base: Path) -> None:
     make_base(
         base, py, comfy, "make_text_encoders.py", "--big", f"--big-layers={T5_LAYERS}", timeout=1200
     )
-    models = str(base / "models")
-    maker = [py, str(HERE / "make_whole_graph.py"), str(comfy), models, str(DEPTH)]
-    subprocess.run(maker, check=True, cwd=base, timeout=600, env=core_env())
-
-
-def _offload(tier: str) -> dict[str, Any]:
-    return {
-        "use_panel_settings": False, "level": "block", "blocks_per_group": 1, "tier": tier,
-        "disk_path": "", "prefetch_depth": 1, "vram_budget": "",
-    }  # fmt: skip
+    run_maker(base, py, comfy, "make_whole_graph.py", str(DEPTH), timeout=600)
 
 
 def whole_graph(v: Variant, prefix: str, steps: int = 2, size: int = 64) -> dict[str, Any]:
@@ -79,7 +70,7 @@ def whole_graph(v: Variant, prefix: str, steps: int = 2, size: int = 64) -> dict
     if v.text_encoder:
         g["11"] = {
             "class_type": "FerryOffloadTextEncoder",
-            "inputs": {"clip": clip, **_offload(v.tier)},
+            "inputs": {"clip": clip, **ferry(tier=v.tier)[1]},
         }
         clip = ["11", 0]
     if v.model:
@@ -92,7 +83,7 @@ def whole_graph(v: Variant, prefix: str, steps: int = 2, size: int = 64) -> dict
         g["2"] = {"class_type": "FerryLoadDiffusionModelQuantized", "inputs": inputs}
         g["12"] = {
             "class_type": "FerryOffloadModel",
-            "inputs": {"model": ["2", 0], **_offload(v.tier)},
+            "inputs": {"model": ["2", 0], **ferry(tier=v.tier)[1]},
         }
         model = ["12", 0]
     else:
