@@ -48,12 +48,10 @@ def warm_cache(base: Path) -> None:
 
 def run_row(base: Path, variant: Any, prefix: str, limit: int | None) -> dict[str, Any]:
     """One fresh server (inside a cgroup of ``limit`` bytes if given) runs the whole graph."""
-    import torch
     from conftest import comfy_checkout, start_server, stop_server
-    from ferry_workflows import Client, error_message, saved_latent_name
-    from safetensors.torch import load_file
+    from ferry_workflows import Client, error_message
     from test_comfyui_bigger_than_ram import RssAnonPeak
-    from whole_graph import image_path, whole_graph
+    from whole_graph import outputs, whole_graph
 
     from tests import cgroup_limit
 
@@ -88,15 +86,10 @@ def run_row(base: Path, variant: Any, prefix: str, limit: int | None) -> dict[st
         if entry["status"]["status_str"] != "success":
             out["error"] = error_message(entry)
             return out
-        latent = load_file(str(base / "output" / saved_latent_name(entry)))["latent_tensor"]
-        out["latent"] = latent
-        out["image"] = load_file(str(image_path(base, prefix)))["images"]
-        out["finite"] = bool(torch.isfinite(out["image"]).all() and torch.isfinite(latent).all())
+        out.update(outputs(base, entry, prefix))  # the finally adds the peaks to out
         return out
     finally:
         out["peak_anon"], out["peak_rss"] = peaks.stop(), peaks.hwm
-        if group is not None:
-            out["cgroup_peak"] = group.max_usage
         stop_server(srv)
         if group is not None:
             group.remove()

@@ -27,11 +27,10 @@ from conftest import (
     start_server,
     stop_server,
 )
-from ferry_workflows import Client, error_message, saved_latent_name
+from ferry_workflows import Client, error_message
 from make_text_encoders import BIG_T5XXL_FILE
-from safetensors.torch import load_file
 from test_comfyui_bigger_than_ram import RssAnonPeak
-from whole_graph import FERRY_BOTH, PLAIN, image_path, make_graph_base, whole_graph
+from whole_graph import FERRY_BOTH, PLAIN, make_graph_base, outputs, whole_graph
 
 from tests import cgroup_limit
 
@@ -58,11 +57,7 @@ def graph_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_graph(srv: Any, g: dict[str, Any]) -> dict[str, torch.Tensor]:
     entry = Client(srv.url).run(g, timeout=1500)
     assert entry["status"]["status_str"] == "success", f"{error_message(entry)}\n{srv.log_tail()}"
-    prefix = g["7"]["inputs"]["filename_prefix"]
-    return {
-        "latent": load_file(str(srv.base / "output" / saved_latent_name(entry)))["latent_tensor"],
-        "image": load_file(str(image_path(srv.base, prefix)))["images"],
-    }
+    return outputs(srv.base, entry, g["7"]["inputs"]["filename_prefix"])
 
 
 @pytest.fixture(scope="module")

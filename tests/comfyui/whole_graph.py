@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from conftest import comfy_checkout, make_base, run_maker
 from ferry_workflows import ferry
 from make_text_encoders import BIG_T5XXL_FILE
@@ -60,7 +61,7 @@ def make_graph_base(base: Path) -> None:
 
 def whole_graph(v: Variant, prefix: str, steps: int = 2, size: int = 64) -> dict[str, Any]:
     """The API-format workflow; the latent is saved as ``<prefix>`` (SaveLatent) and the image
-    as output/<prefix>-image.safetensors."""
+    as output/<prefix>-image.safetensors (``outputs`` reads both)."""
     te_inputs = {"clip_name": BIG_T5XXL_FILE, "type": "sd3"}
     g: dict[str, Any] = {
         "1": {"class_type": "FerryLoadTextEncoder" if v.text_encoder else "CLIPLoader",
@@ -119,5 +120,11 @@ def whole_graph(v: Variant, prefix: str, steps: int = 2, size: int = 64) -> dict
     return g
 
 
-def image_path(base: Path, prefix: str) -> Path:
-    return base / "output" / f"{prefix}-image.safetensors"
+def outputs(base: Path, entry: dict[str, Any], prefix: str) -> dict[str, torch.Tensor]:
+    """The latent and the decoded image a finished prompt of ``whole_graph`` saved."""
+    from ferry_workflows import saved_latent_name
+    from safetensors.torch import load_file
+
+    latent = load_file(str(base / "output" / saved_latent_name(entry)))["latent_tensor"]
+    image = load_file(str(base / "output" / f"{prefix}-image.safetensors"))["images"]
+    return {"latent": latent, "image": image}
