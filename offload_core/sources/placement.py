@@ -232,9 +232,14 @@ class Placement:
         return plan
 
     # -- remove / roll back ------------------------------------------------------------------
+    # [Note: release by kind of ending] in ending.py: restore_all gives the weights back group
+    # by group, drop_all drops Ferry's copies without reading them.
     def restore_all(self) -> None:
         """Every tensor back on its original device, as a fresh ordinary tensor (a tensor
         whose home is its checkpoint back on the meta device, read from nowhere).
+
+        Group by group: a group's copy (its slab, its file's descriptors) is let go as soon as
+        its tensors hold their own bytes again, so the model is never twice in memory.
 
         Only damage loses a group: a group whose only copy is a file whose bytes are wrong
         (``CorruptGroupFileError``) goes to the meta device. Any other error (the platform
@@ -246,7 +251,12 @@ class Placement:
         lost: list[GroupRuntime | ResidentGroup] = []
         kept: list[GroupRuntime | ResidentGroup] = []
         failed: BaseException | None = None
-        for rt in self.runtimes:
+        # Taken off the list one at a time: a restored group is then held by nothing, and its
+        # copy is freed before the next group's fresh tensors are made.
+        todo, self.runtimes = self.runtimes, kept
+        todo.reverse()
+        while todo:
+            rt = todo.pop()
             try:
                 self._restore_group(rt)
             except CorruptGroupFileError as e:  # the file's bytes say so: nothing to read back
@@ -258,7 +268,7 @@ class Placement:
                 log.error("ferry: restoring group %s failed (kept, not dropped): %r", rt.name, e)
                 failed = failed or e
                 kept.append(rt)
-        self.runtimes[:] = kept
+            del rt
         if not kept:
             for m, attr, is_param, dev in reversed(self.outside_moved):
                 _move(m, attr, is_param, dev)
@@ -272,6 +282,19 @@ class Placement:
             raise RestoreIncompleteError([rt.name for rt in kept], failed) from failed
         if damage is not None:
             raise lost_error(lost, damage)
+
+    def drop_all(self) -> None:
+        """The network is being discarded: every group's copy is dropped without a read (its
+        tensors go to the meta device), its files deleted; the tensors outside the groups stay
+        where they are and go with the network. Never raises for a damaged file: nothing is
+        read."""
+        todo, self.runtimes = self.runtimes, []
+        while todo:
+            drop_group(todo.pop(), self.backend)
+        self.outside_moved.clear()
+        self.mappings.clear()
+        if self.store is not None:
+            self.store.delete()
 
     def _restore_group(self, rt: GroupRuntime | ResidentGroup) -> None:
         spec = rt.spec
@@ -336,8 +359,9 @@ def _move(m: nn.Module, attr: str, is_param: bool, dev: torch.device) -> None:
 
 
 def drop_group(rt: GroupRuntime | ResidentGroup, backend: Backend) -> None:
-    """A group whose bytes cannot be read back: its tensors go to the meta device (a model
-    that uses them fails loudly, never computes on garbage) and its source is closed."""
+    """A group whose bytes cannot be read back, or that nobody will read (a discarded
+    network): its tensors go to the meta device (a model that uses them fails loudly, never
+    computes on garbage) and its source is closed."""
     for e in rt.spec.entries:
         e.put(_meta_form(e))
     rt.host_forms = []
