@@ -66,20 +66,22 @@ def anon() -> int:
 
 
 @contextmanager
-def anon_after_each_group(peaks: list[int]) -> Iterator[None]:
-    """Records RssAnon right after each group is restored: the moments a restore that keeps
-    every copy until the end would peak."""
-    original = Placement._restore_group
+def anon_after_each_group(peaks: list[int], verb: str = "_restore_group") -> Iterator[None]:
+    """Records RssAnon right after each group is restored (or placed: ``verb="_place"``): the
+    moments a restore that keeps every copy until the end, or a layout whose freed originals
+    stay in the heap, would peak."""
+    original = getattr(Placement, verb)
 
-    def restore(self: Placement, rt: Any) -> None:
-        original(self, rt)
+    def recorded(self: Placement, *args: Any) -> Any:
+        out = original(self, *args)
         peaks.append(anon())
+        return out
 
-    Placement._restore_group = restore  # type: ignore[method-assign]
+    setattr(Placement, verb, recorded)
     try:
         yield
     finally:
-        Placement._restore_group = original  # type: ignore[method-assign]
+        setattr(Placement, verb, original)
 
 
 @pytest.mark.parametrize("tier", ["ram", "disk"])
@@ -118,16 +120,25 @@ def test_a_relayout_peaks_at_the_networks_plain_size(
 
     net = Net().requires_grad_(False)
     ref = net(X)
+    for warm in (first, second):  # what a first layout of each tier allocates once for good
+        apply_offload(net, policy(tier(warm)), onload_device="cpu").remove()
+    gc.collect()
     plain = anon()  # the network in RAM, as the host had it
     handle = apply_offload(net, policy(tier(first)), onload_device="cpu")
     peaks: list[int] = []
     with anon_after_each_group(peaks):
         handle.remove()
-    handle = apply_offload(net, policy(tier(second)), onload_device="cpu")
+    # The new layout frees each restored tensor as its group lands: into the C heap, which
+    # the next groups' slabs (mapped anew) do not reuse unless it is trimmed.
+    with anon_after_each_group(peaks, "_place"):
+        handle = apply_offload(net, policy(tier(second)), onload_device="cpu")
     assert torch.equal(net(X), ref)
     handle.remove()
     worst = max(peaks) - plain
-    assert worst <= 3 * BLOCK_BYTES, f"re-layout held {worst >> 20} MiB above the plain network"
+    steps = [(p - plain) >> 20 for p in peaks]
+    # A group or two in flight, and the heap's fragments of the read buffers (a quarter of
+    # the network at most): holding the network twice is 16 groups.
+    assert worst <= 4 * BLOCK_BYTES, f"re-layout held {worst >> 20} MiB above plain: {steps}"
 
 
 def _reads_forbidden(monkeypatch: pytest.MonkeyPatch) -> list[str]:
