@@ -164,3 +164,30 @@ def test_the_files_are_the_whole_graphs(graph_base: Path) -> None:
     te = graph_base / "models" / "text_encoders" / BIG_T5XXL_FILE
     unet = graph_base / "models" / "diffusion_models" / MODEL_FILE
     assert te.stat().st_size > 2000 * MB and unet.stat().st_size > 500 * MB
+
+
+def test_a_discarded_disk_layout_is_not_read(
+    limited: Any, plain: tuple[dict[str, torch.Tensor], int]
+) -> None:
+    """Both networks on the disk tier, their group files then truncated; the files loaded
+    anew: a release that read the groups back would find them damaged (and say so in the
+    log); a discard deletes them unread. Runs after the sequence above, in the same server."""
+    srv, _group = limited
+    want, _ = plain
+    client = Client(srv.url)
+    assert_equal(run(srv, step_graph("disk", "ferry-disk-again", reload=True)), want, "disk")
+    folders = [Path(o["disk_folder"]) for o in client.live()]
+    assert len(folders) == 2, client.live()
+    truncated = 0
+    for folder in folders:
+        for f in folder.glob("group-*.safetensors"):
+            with open(f, "r+b") as fh:
+                fh.truncate(4096)
+            truncated += 1
+    assert truncated >= 2
+    log_at = len(srv.log.read_text(errors="replace"))
+    assert_equal(run(srv, step_graph(None, "after-disk", reload=False)), want, "plain")
+    new = srv.log.read_text(errors="replace")[log_at:]
+    assert new.count("(discarded, nothing read back)") == 2, new
+    assert "restoring group" not in new and "damaged" not in new, new
+    assert not any(f.exists() for f in folders), "a discarded layout's folder was left behind"
