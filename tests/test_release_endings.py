@@ -154,6 +154,7 @@ def _reads_forbidden(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     for cls in (FileSource, MappedSource, HostSlabSource):
         monkeypatch.setattr(cls, "host_bytes", forbid(f"{cls.__name__}.host_bytes"))
+        monkeypatch.setattr(cls, "load", forbid(f"{cls.__name__}.load"))  # no new load either
     monkeypatch.setattr(Placement, "_restore_group", forbid("Placement._restore_group"))
     return calls
 
@@ -201,7 +202,10 @@ def test_a_discard_reads_nothing_back(
     handle.remove(Ending.DISCARD)
     read = _rchar() - before_read
     assert calls == []
-    assert read < 1 << 20, f"a discard read {read} bytes"
+    # The last forward left the next forward's first group in flight (prefetch depth 1): a
+    # discard waits for that read to land before it frees its slot, so one group's bytes may
+    # be counted here; a read-back would be all sixteen.
+    assert read < BLOCK_BYTES + (1 << 20), f"a discard read {read} bytes"
     assert handle.removed and handle not in live_offloads()
     if folder is not None:
         assert not Path(folder).exists(), "a discarded layout's files stay behind"
