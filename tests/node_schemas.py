@@ -151,15 +151,13 @@ def en_node_defs(schemas: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for nid, s in schemas.items():
         inputs = {i["name"]: {"name": i["name"], "tooltip": i["tooltip"]} for i in s["inputs"]}
+        # An output with no name of its own is labelled by its type, as the frontend shows it.
         outputs = {
-            str(k): {key: o[key] for key in ("name", "tooltip") if o[key]}
+            str(k): {"name": o["name"] or o["kind"], "tooltip": o["tooltip"]}
             for k, o in enumerate(s["outputs"])
         }
         entry = {"display_name": s["display_name"], "description": s["description"]}
-        entry["inputs"] = inputs
-        if any(outputs.values()):
-            entry["outputs"] = {k: v for k, v in outputs.items() if v}
-        out[nid] = entry
+        out[nid] = {**entry, "inputs": inputs, "outputs": outputs}
     return out
 
 
