@@ -140,8 +140,10 @@ def node_schemas() -> dict[str, dict[str, Any]]:
 
 
 def widgets(schema: dict[str, Any]) -> list[dict[str, Any]]:
-    """The node's widget inputs, in the order the frontend keeps their values."""
-    return [i for i in schema["inputs"] if i["kind"] in WIDGET_KINDS]
+    """The node's widget inputs, in the order the frontend keeps their values: the required
+    ones, then the optional ones (ComfyUI's ``input_order``), each as declared."""
+    ws = [i for i in schema["inputs"] if i["kind"] in WIDGET_KINDS]
+    return [w for w in ws if not w["optional"]] + [w for w in ws if w["optional"]]
 
 
 def en_node_defs(schemas: dict[str, dict[str, Any]]) -> dict[str, Any]:
