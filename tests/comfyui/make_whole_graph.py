@@ -68,7 +68,6 @@ def main(comfy_dir: str, models_dir: str, depth: int) -> None:
     from offload_core.formats.safetensors import write_file
 
     comfy.cli_args.args.cpu = True
-    from comfy.ldm.models.autoencoder import AutoencodingEngine
     from comfy.ldm.modules.diffusionmodules.mmdit import MMDiT
 
     width = t5_width(models_dir)
@@ -93,6 +92,16 @@ def main(comfy_dir: str, models_dir: str, depth: int) -> None:
     print(
         f"{MODEL_FILE}: depth {depth}, context {width}, {sum(map(math.prod, shapes.values()))} values"
     )
+    write_vae(models_dir)
+
+
+def write_vae(models_dir: str, name: str = VAE_FILE) -> None:
+    """An SD3-shaped VAE (16 latent channels, as Flux's ae.safetensors) in vae/``name``. Run
+    with ComfyUI's Python, ``comfy`` importable (main() or make_template_models.py set it up)."""
+    import torch
+    from comfy.ldm.models.autoencoder import AutoencodingEngine
+
+    from offload_core.formats.safetensors import write_file
 
     # What core's VAE() builds for a 16-channel "decoder.conv_in" without post_quant_conv.
     ddconfig = {
@@ -116,10 +125,10 @@ def main(comfy_dir: str, models_dir: str, depth: int) -> None:
         )
     shapes = {k: tuple(v.shape) for k, v in vae.state_dict().items()}
     os.makedirs(os.path.join(models_dir, "vae"), exist_ok=True)
-    with open(os.path.join(models_dir, "vae", VAE_FILE), "wb") as f:
+    with open(os.path.join(models_dir, "vae", name), "wb") as f:
         values = ((k, v.to(torch.float16)) for k, v in _values(shapes, 1, True))
         write_file(f, [(k, torch.float16, s) for k, s in shapes.items()], {}, values)
-    print(f"{VAE_FILE}: {sum(map(math.prod, shapes.values()))} values")
+    print(f"{name}: {sum(map(math.prod, shapes.values()))} values")
 
 
 if __name__ == "__main__":
