@@ -207,6 +207,34 @@ def test_every_node_help_page_opens(frontend: Server, page: Any, lang: str) -> N
         open_frontend(page, frontend.url)
 
 
+def test_the_sidebar_and_its_settings_speak_the_users_language(frontend: Server, page: Any) -> None:
+    # ferry.js's words (locales/zh/main.json through GET /i18n) and its settings' labels
+    # (locales/zh/settings.json, which the frontend applies itself).
+    zh = locales.read("zh", "main.json")["ferry"]["sidebar"]
+    settings = locales.read("zh", "settings.json")
+    set_setting(frontend.url, "Comfy.Locale", "zh")
+    try:
+        open_frontend(page, frontend.url)
+        page.click(".ferry-tab-button")
+        page.wait_for_selector("#ferry-sidebar .ferry-section")
+        text = page.inner_text("#ferry-sidebar")
+        for key in ("memory", "openPanel", "ramAnon", "ramAvailable"):
+            assert zh[key] in text, (key, text)
+        assert "Open Ferry panel" not in text
+        page.click(".ferry-tab-button")  # closed again
+        page.evaluate(
+            "() => window.comfyAPI.app.app.extensionManager.command.execute("
+            "'Comfy.ShowSettingsDialog')"
+        )
+        page.get_by_text("Ferry", exact=True).first.click()
+        for entry in settings.values():
+            page.get_by_text(entry["name"], exact=True).first.wait_for()
+        page.keyboard.press("Escape")
+    finally:
+        set_setting(frontend.url, "Comfy.Locale", "en")
+        open_frontend(page, frontend.url)
+
+
 def test_a_template_runs_and_the_sidebar_shows_both_lines(frontend: Server, page: Any) -> None:
     # Template 03: Ferry's two loaders, the text encoder and the model both offloaded (disk).
     load_template(page, "03_whole_graph_bigger_than_ram")
