@@ -23,7 +23,7 @@ PACK = "ComfyUI-Ferry"  # the folder name conftest.make_base links this reposito
 #: What a run puts in place of the templates' real model files (tests/comfyui makers' files),
 #: and a smaller latent and fewer steps: the templates are run as shipped otherwise.
 TINY = {
-    "unet_name": "ferry-tiny-sd3.safetensors",
+    "unet_name": "ferry-template-mmdit.safetensors",
     "clip_name1": "ferry-tiny-clip-l.safetensors",
     "clip_name2": "ferry-tiny-t5xxl.safetensors",
     "vae_name": "ferry-tiny-flux-vae.safetensors",
@@ -66,7 +66,13 @@ def open_frontend(page: Any, url: str) -> None:
     """The frontend, with the dialogs a fresh user folder opens closed."""
     page.goto(url + "/", wait_until="networkidle", timeout=120_000)
     page.wait_for_function("() => window.comfyAPI?.app?.app?.graph", timeout=60_000)
-    while page.locator(".p-dialog-mask").count():
+    close_dialogs(page)
+
+
+def close_dialogs(page: Any) -> None:
+    for _ in range(10):
+        if not page.locator(".p-dialog-mask").count():
+            return
         page.keyboard.press("Escape")
         page.wait_for_timeout(300)
 
