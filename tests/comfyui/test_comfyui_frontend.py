@@ -1,9 +1,10 @@
 """Ferry as a user meets it in ComfyUI's own frontend (the core's comfyui-frontend-package), in
 Debian's chromium: the Templates browser lists Ferry's templates with their thumbnails, each
 template loads with no missing node and no red input (the frontend's own checks), every node's
-help page opens in each shipped language (en, zh, ja, ko), and the templates whose models the makers here can
-build run to a saved image; during a run the Ferry sidebar tab shows the diffusion model's and
-the text encoder's lines.
+help page opens in each shipped language (en, zh, ja, ko), the sidebar and its settings follow
+the user's language, and the templates whose models the makers here can build run to a saved
+image; during a run the Ferry sidebar tab shows the diffusion model's and the text encoder's
+lines.
 
 The templates name real model files (flux1-dev.safetensors, t5xxl_fp16.safetensors, …). The
 base directory holds a stand-in under each of those names (make_template_models.py: the
