@@ -19,6 +19,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere: offload_core beside tools/
+from offload_core.disk.durable import atomic_write  # noqa: E402  (the one way a file is written)
+
 DOCS = REPO / "web" / "comfyui" / "docs"
 LOCALES = REPO / "locales"
 
@@ -82,7 +85,8 @@ def main(argv: list[str]) -> int:
         if old != text:
             stale.append(path.relative_to(REPO))
             if "--check" not in argv:
-                path.write_text(text, encoding="utf-8")
+                with atomic_write(path, sync_folder=False) as f:
+                    f.write(text.encode("utf-8"))
     if stale and "--check" in argv:
         print("stale help pages (run python tools/help_pages.py):", *stale, sep="\n  ")
         return 1
