@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from ..offload_core.tools.monitor import OffloadSample, Sample
+from . import plan_notes
 
 EVENT = "ferry.stats"
 
@@ -44,6 +45,8 @@ def offload_entry(o: OffloadSample) -> dict[str, Any]:
     out = {k: s.get(k) for k in _OFFLOAD_FIELDS}
     out.update(what)
     out["tiers"] = {k: v for k, v in (s.get("bytes_per_tier") or {}).items() if v}
+    # Why its tier, groups and look-ahead: the planner's sentence, where it chose them.
+    out["why"] = plan_notes.why(o.title)
     # "Bytes moved": what reached the compute device. From disk onto a CPU nothing is
     # copied host-to-device (the read lands in the slot), so the disk bytes count there.
     out["bytes_moved"] = max(int(s.get("bytes_h2d") or 0), int(s.get("bytes_disk") or 0))

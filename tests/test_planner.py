@@ -290,3 +290,29 @@ def test_read_machine_reads_this_machine(tmp_path: Path) -> None:
 )
 def test_default_pin_limit_follows_core(platform: str, ram_gib: int, pin_gib: float) -> None:
     assert default_pin_limit(ram_gib * GIB, platform) == pytest.approx(pin_gib * GIB, abs=1)
+
+
+def test_a_network_no_ferry_node_offloads_stays_in_ram_and_takes_its_room() -> None:
+    plain = te(ferry=False)
+    plan = plan_graph(cpu(20), [plain, dm()])
+    assert [c.tier for c in plan.choices] == ["ram", "disk"]
+    assert plan.choices[0].reason.startswith("ram: not behind a Ferry node")
+    assert plan.choices[0].sizing.slot_bytes == 0
+    refused = plan_graph(cpu(6), [plain, dm()]).refusal
+    assert refused is not None and "put a Ferry offload node after text encoder t5xxl" in str(
+        refused
+    )
+
+
+def test_network_from_file_cast_rule_sees_the_files_dtype_and_size(tmp_path: Path) -> None:
+    path = sparse_safetensors(tmp_path / "m.safetensors", dit_tensors(2, 64))
+    asked: list[tuple[torch.dtype, int]] = []
+
+    def rule(stored: torch.dtype, params: int) -> torch.dtype:
+        asked.append((stored, params))
+        return torch.float16
+
+    net = network_from_file(path, name="m", kind="model", cast=rule)
+    params = 2 * (2 * 4 * 64 * 64 + 64) + 2 * 64 * 64
+    assert asked == [(torch.bfloat16, params)]
+    assert net.nbytes == params * 2 and not net.in_place  # the F32 scales become fp16

@@ -124,7 +124,7 @@ def plan_graph(
     room = ram_room(machine, nets)
     # The slots' RAM before the split (a CPU computes from RAM slots; a GPU's disk reads go
     # through staging buffers of a slot's size): one block, one ahead, at the least.
-    first = [_working(n, machine, size(n, "disk", machine, None)) for n in nets]
+    first = [_working(n, machine, size(n, "disk", machine, None)) if n.ferry else 0 for n in nets]
     refusal = _refuse_forced(nets, machine, room, first)
     chosen = split(nets, machine, room, first) if refusal is None else None
     if chosen is None:
@@ -154,6 +154,9 @@ def _choose(
     net, tier = nets[i], sp.tiers[i]
     slack = None if machine.on_gpu else first[i] + max(0, sp.ram_left) // len(nets)
     s = size(net, tier, machine, machine.vram_for_ferry if machine.on_gpu else slack)
+    if not net.ferry:  # the host's own load: whole in RAM, nothing of Ferry's
+        reason = _tier_clause(i, nets, machine, sp, room)
+        return Choice(net, "ram", Sizing(1, 1, 0, 1), 0, net.nbytes, 0, reason)
     vram = machine.vram_for_ferry
     resident = 0
     if vram is not None and net.nbytes <= vram:
@@ -186,6 +189,8 @@ def _tier_clause(
 ) -> str:
     net, tier = nets[i], sp.tiers[i]
     size_of = f"{fmt_bytes(net.nbytes)} {net.title}"
+    if not net.ferry:
+        return f"ram: not behind a Ferry node, so ComfyUI keeps its {fmt_bytes(net.nbytes)} in RAM"
     if net.wish.tier is not None:
         return f"{tier}: set on its node ({size_of})"
     in_ram = [n for j, n in enumerate(nets) if j != i and sp.tiers[j] != "disk"]
@@ -236,13 +241,17 @@ def _refuse_forced(
                 f"{where} has {free} but the {n.title} writes {fmt_bytes(n.nbytes)} there; "
                 "choose a folder with room (disk_path), or set tier to auto",
             )
-    in_ram = [n for n in nets if n.wish.tier in ("pinned", "ram")]
+    in_ram = [n for n in nets if n.wish.tier in ("pinned", "ram") or not n.ferry]
     need = sum(n.nbytes for n in in_ram) + sum(working)
     if in_ram and need > room:
+        plain = [n.title for n in in_ram if not n.ferry]
+        fix = "set tier to auto or disk" if len(plain) < len(in_ram) else ""
+        if plain:
+            fix += (" and " if fix else "") + f"put a Ferry offload node after {', '.join(plain)}"
         return ConfigError(
             "tier",
             f"{' and '.join(n.title for n in in_ram)} in RAM need {fmt_bytes(need)} but "
-            f"{fmt_bytes(room)} is available for Ferry; set tier to auto or disk",
+            f"{fmt_bytes(room)} is available for Ferry; {fix}",
         )
     return None
 

@@ -76,6 +76,8 @@ class NetworkFacts:
     wish: Wish = field(default_factory=Wish)
     #: Blocks in the longest list (bounds blocks per group); 0: ``len(block_bytes)``.
     longest_list: int = 0
+    #: False: no Ferry node offloads it; the host keeps it whole in RAM (its tier is "ram").
+    ferry: bool = True
 
     @property
     def title(self) -> str:

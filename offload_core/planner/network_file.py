@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
@@ -45,22 +46,38 @@ def block_lists(sizes: dict[str, int]) -> list[list[int]]:
     return [[found[p][i] for i in sorted(found[p])] for p in sorted(top)]
 
 
+def main_dtype(entries: list[StoredTensor]) -> tuple[torch.dtype | None, int]:
+    """The floating dtype holding the most bytes, and the floating parameter count."""
+    by_dtype: dict[torch.dtype, int] = defaultdict(int)
+    params = 0
+    for t in entries:
+        if t.dtype.is_floating_point:
+            by_dtype[t.dtype] += t.nbytes
+            params += t.nbytes // t.dtype.itemsize
+    return max(by_dtype, key=lambda d: by_dtype[d], default=None), params
+
+
 def network_from_file(
     path: str | os.PathLike[str],
     *,
     name: str,
     kind: Kind,
     prefix: str = "",
-    cast: torch.dtype | None = None,
+    cast: torch.dtype | Callable[[torch.dtype, int], torch.dtype | None] | None = None,
     reads_per_prompt: float = 1.0,
     wish: Wish | None = None,
     held_bytes: int = 0,
     setting: str = "file",
 ) -> NetworkFacts:
     """The network under ``prefix`` in ``path`` (a .safetensors or .gguf; a ConfigError
-    naming ``setting`` where it cannot be read). Reads the header only."""
+    naming ``setting`` where it cannot be read). Reads the header only. ``cast``: the dtype
+    the host loads floating tensors in, None (as stored), or a function of the file's main
+    floating dtype and floating parameter count (ComfyUI's ``unet_dtype`` takes both)."""
     header = read_checkpoint_header(path, setting)
     mine = {k: t for k, t in header.entries.items() if k.startswith(prefix)}
+    if callable(cast):
+        stored, params = main_dtype(list(mine.values()))
+        cast = cast(stored, params) if stored is not None else None
     sizes = {k[len(prefix) :]: loaded_bytes(t, cast) for k, t in mine.items()}
     lists = block_lists(sizes)
     blocks = tuple(b for blocks in lists for b in blocks)

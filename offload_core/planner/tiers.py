@@ -30,6 +30,14 @@ class Split:
     pin_left: int | None  # of the pin limit (None: no limit)
 
 
+def fixed_tier(net: NetworkFacts) -> tuple[TierName] | None:
+    """The tier the planner may not change: the user's, or "ram" for a network no Ferry
+    node offloads (the host keeps it whole in RAM)."""
+    if not net.ferry:
+        return ("ram",)
+    return None if net.wish.tier is None else (net.wish.tier,)
+
+
 def disk_cost(net: NetworkFacts, machine: MachineFacts) -> float:
     """Seconds a prompt spends reading ``net`` from disk."""
     return net.nbytes * net.reads_per_prompt / (machine.disk_gbps * GB)
@@ -49,7 +57,7 @@ def split(
     """The cheapest split that fits (Note above), or None where none does. A user's tier is
     kept as set; ``working`` is each network's RAM besides its host tier (its slots)."""
     best: tuple[tuple[float, int, int], tuple[TierName, ...]] | None = None
-    options = [("ram", "disk") if n.wish.tier is None else (n.wish.tier,) for n in nets]
+    options = [fixed_tier(n) or ("ram", "disk") for n in nets]
     for tiers in product(*options):
         in_ram = sum(n.nbytes for n, t in zip(nets, tiers) if t != "disk")
         used = in_ram + sum(working)
@@ -78,7 +86,7 @@ def _pin(
     order = sorted(range(len(nets)), key=lambda i: (-nets[i].reads_per_prompt, -nets[i].nbytes))
     for i in order:
         fits = limit is None or pinned + nets[i].nbytes <= limit
-        if nets[i].wish.tier is None and out[i] == "ram" and fits:
+        if fixed_tier(nets[i]) is None and out[i] == "ram" and fits:
             out[i] = "pinned"
             pinned += nets[i].nbytes
     return Split(tuple(out), ram_left, None if limit is None else limit - pinned)

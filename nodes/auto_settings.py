@@ -1,0 +1,93 @@
+"""A Ferry offload node's "auto" widgets, resolved by the planner for the whole prompt
+(graph_plan.py), and a choice the user forced that cannot work refused before any work.
+
+The node gets the queued prompt and its own id from ComfyUI (V3 hidden inputs). Where it has
+none (a prompt built in code without them) or its network is not found in the prompt (a
+loader the planner does not know), it plans its own network alone, from the network in hand.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from ..offload_core import ConfigError
+from ..offload_core.model.grouping import find_block_lists
+from ..offload_core.model.layout import module_nbytes
+from ..offload_core.planner import Choice, NetworkFacts, plan_graph
+from ..offload_core.planner.facts import Kind
+from ..offload_core.tools.settings_file import load_settings
+from ..offload_core.units import GIB
+from . import graph_plan, plan_notes
+from .config import AUTO_WIDGETS, NodeInputError, as_node_error, is_auto, resolve_widgets
+from .config import wish_from_widgets as wish_of_widgets
+
+log = logging.getLogger("ferry")
+
+
+def budgets() -> tuple[int | None, int | None]:
+    """The (VRAM, RAM) budgets saved in the settings file (the sidebar, the panel, the
+    /ferry/budgets route): read at each prompt, so a change applies from the next one."""
+    try:
+        s = load_settings()
+    except ConfigError:
+        return (None, None)  # a broken file is the panel's to report; plan without caps
+    return (s.vram_budget, s.ram_budget)
+
+
+def network_in_hand(module: Any, name: str, kind: Kind) -> NetworkFacts:
+    """The figures of the network a node holds, for a node its prompt does not show: its
+    bytes and its longest block list's blocks (meta tensors count by their shapes)."""
+    lists = find_block_lists(module)
+    blocks = tuple(module_nbytes(b) for _, bl in lists for b in bl.children())
+    held = sum(t.nbytes for t in module.parameters() if t.device.type == "cpu")
+    longest = max((len(list(bl.children())) for _, bl in lists), default=0)
+    return NetworkFacts(
+        name, kind, module_nbytes(module), blocks, held_bytes=held, longest_list=longest
+    )
+
+
+def planned_widgets(
+    hidden: Any,
+    widgets: dict[str, Any],
+    in_hand: Callable[[], NetworkFacts],
+    default_folder: str,
+) -> tuple[dict[str, Any], Choice | None]:
+    """The node's widgets with every "auto" resolved, and the planner's choice for it (None
+    where nothing was planned). A plan that refuses raises NodeInputError naming the widget."""
+    prompt = getattr(hidden, "prompt", None)
+    node_id = getattr(hidden, "unique_id", None)
+    choice = None
+    try:
+        if isinstance(prompt, dict) and node_id is not None:
+            planned = graph_plan.plan_once(prompt, default_folder=default_folder, budgets=budgets())
+            planned.plan.check()
+            choice = planned.choice_for(str(node_id).split(".")[0])
+        if choice is None and any(is_auto(widgets.get(k)) for k in AUTO_WIDGETS):
+            net = in_hand()
+            net = replace(net, wish=wish_of_widgets(widgets))
+            machine = graph_plan.host_machine(
+                graph_plan.disk_folder_of(widgets, default_folder), budgets()
+            )
+            choice = plan_graph(machine, [net]).check().choices[0]
+            log.info("ferry plan: %s: %s", net.title, choice.reason)
+    except ConfigError as e:
+        raise as_node_error(e) from None
+    vram_cap = budgets()[0]
+    if vram_cap is not None and is_auto(widgets.get("vram_budget")):
+        # Ferry's VRAM budget (the settings file) caps what "auto" keeps on the GPU.
+        widgets = {**widgets, "vram_budget": vram_cap / GIB}  # exact: bytes / 2**30
+    if choice is None:
+        return widgets, None
+    return resolve_widgets(widgets, choice), choice
+
+
+def remember(title: str, choice: Choice | None) -> None:
+    """Keeps the choice's sentence for the network's line in the sidebar and the report."""
+    if choice is not None:
+        plan_notes.remember(title, choice.reason)
+
+
+__all__ = ["NodeInputError", "budgets", "network_in_hand", "planned_widgets", "remember"]
