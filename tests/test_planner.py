@@ -316,3 +316,14 @@ def test_network_from_file_cast_rule_sees_the_files_dtype_and_size(tmp_path: Pat
     params = 2 * (2 * 4 * 64 * 64 + 64) + 2 * 64 * 64
     assert asked == [(torch.bfloat16, params)]
     assert net.nbytes == params * 2 and not net.in_place  # the F32 scales become fp16
+
+
+def test_a_vram_budget_on_a_cpu_keeps_groups_on_the_onload_device() -> None:
+    # As model/plan.py reads a numeric budget on a CPU: those bytes stay put, the rest streams.
+    net = NetworkFacts("m", "model", 8 * GIB, (GIB,) * 8, reads_per_prompt=20)
+    c = plan_graph(cpu(64, vram_budget=5 * GIB), [net]).choices[0]
+    assert c.sizing.slot_bytes <= 5 * GIB and 0 < c.vram_resident <= 5 * GIB - c.sizing.slot_bytes
+    assert "stays on the onload device (the VRAM budget)" in c.reason
+    whole = plan_graph(cpu(64, vram_budget=9 * GIB), [net]).choices[0]
+    assert whole.vram_resident == 8 * GIB and "whole while it runs" in whole.reason
+    assert plan_graph(cpu(64), [net]).choices[0].vram_resident == 0

@@ -152,8 +152,11 @@ def _choose(
     first: list[int],
 ) -> Choice:  # fmt: skip
     net, tier = nets[i], sp.tiers[i]
-    slack = None if machine.on_gpu else first[i] + max(0, sp.ram_left) // len(nets)
-    s = size(net, tier, machine, machine.vram_for_ferry if machine.on_gpu else slack)
+    room_for_slots = machine.vram_for_ferry
+    if not machine.on_gpu:  # the slots are RAM: a share of what the split left
+        slack = first[i] + max(0, sp.ram_left) // len(nets)
+        room_for_slots = slack if room_for_slots is None else min(slack, room_for_slots)
+    s = size(net, tier, machine, room_for_slots)
     if not net.ferry:  # the host's own load: whole in RAM, nothing of Ferry's
         reason = _tier_clause(i, nets, machine, sp, room)
         return Choice(net, "ram", Sizing(1, 1, 0, 1), 0, net.nbytes, 0, reason)
@@ -166,13 +169,14 @@ def _choose(
         resident = min(net.nbytes - s.group_bytes, max(0, vram - s.slot_bytes))
     working = s.slot_bytes if (not machine.on_gpu or tier == "disk") else 0
     reason = _tier_clause(i, nets, machine, sp, room)
+    device = "GPU" if machine.on_gpu else "onload device (the VRAM budget)"
     if resident == net.nbytes:
-        reason += f"; it stays on the GPU whole while it runs ({fmt_bytes(vram)} free for it)"
+        reason += f"; it stays on the {device} whole while it runs ({fmt_bytes(vram)} for it)"
     else:
         share = 1.0 - resident / net.nbytes if net.nbytes else 1.0
         reason += f"; {pace_phrase(s, tier, machine, share)}"
         if resident:
-            reason += f"; {fmt_bytes(resident)} of it stays on the GPU"
+            reason += f"; {fmt_bytes(resident)} of it stays on the {device}"
     return Choice(
         network=net,
         tier=tier,

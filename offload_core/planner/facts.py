@@ -135,8 +135,9 @@ class MachineFacts:
 
     @property
     def vram_for_ferry(self) -> int | None:
-        """VRAM a network may use while it runs (None on a CPU)."""
+        """VRAM a network may use while it runs. On a CPU: the user's budget for what stays
+        on the onload device (None: none, everything streams), as model/plan.py reads it."""
         if self.vram_free is None:
-            return None
+            return self.vram_budget
         free = max(0, self.vram_free - self.vram_headroom)
         return free if self.vram_budget is None else min(free, self.vram_budget)

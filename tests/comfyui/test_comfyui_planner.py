@@ -1,0 +1,88 @@
+"""The planner in real ComfyUI (issue 37): every Ferry setting on "auto" gives the plain
+latent and says why; the pre-flight route plans a workflow from its files' headers; a budget
+set through the route changes the next prompt's layout, with no restart.
+
+    FERRY_COMFYUI=/work/comfy/v0.33.0 python -m pytest tests/comfyui/test_comfyui_planner.py
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+from ferry_workflows import MODEL_FILE, Client, error_message, ferry, graph, saved_latent_name
+from safetensors.torch import load_file
+
+AUTO = {"tier": "auto", "blocks_per_group": "auto", "prefetch_depth": "auto", "vram_budget": "auto"}
+FERRY_LOADER = (
+    "FerryLoadDiffusionModelQuantized",
+    {"unet_name": MODEL_FILE, "quant_preset": "none", "cache": True, "weight_dtype": "default"},
+)
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> Client:
+    return Client(server.url)
+
+
+def run_ok(client: Client, server: Any, g: dict[str, Any]) -> torch.Tensor:
+    entry = client.run(g)
+    assert entry["status"]["status_str"] == "success", f"{error_message(entry)}\n{server.log_tail()}"
+    return load_file(str(server.base / "output" / saved_latent_name(entry)))["latent_tensor"]
+
+
+@pytest.fixture(scope="module")
+def reference(client: Client, server: Any) -> torch.Tensor:
+    return run_ok(client, server, graph([], "planner-plain"))
+
+
+def test_every_setting_on_auto_gives_the_plain_latent_and_says_why(
+    client: Client, server: Any, reference: torch.Tensor
+) -> None:
+    got = run_ok(client, server, graph([ferry(**AUTO)], "planner-auto", loader=FERRY_LOADER))
+    assert torch.equal(got, reference)
+    (line,) = client.live()
+    assert line["why"] and line["why"].startswith(f"{line['tier']}: "), line
+    assert "ahead" in line["why"] and "GiB" in line["why"]
+    log = server.log.read_text(errors="replace")
+    assert "ferry plan: model " in log
+
+
+def test_the_preflight_plans_a_workflow_from_headers(client: Client) -> None:
+    g = graph([ferry(**AUTO)], "planner-preflight", loader=FERRY_LOADER)
+    start = time.perf_counter()
+    status, body = client.post("/ferry/plan", {"prompt": g, "client_id": "x"})
+    took = time.perf_counter() - start
+    assert status == 200, body
+    assert took < 1.0, f"the pre-flight took {took:.2f} s"
+    (net,) = body["networks"]
+    assert net["files"][0].endswith(MODEL_FILE) and net["ferry_node"] == "10"
+    assert net["tier"] in ("ram", "disk") and net["reason"].startswith(net["tier"])
+    assert body["fits"] and body["verdict"].startswith("fits: ") and body["peak_ram"] > 0
+    status, bad = client.post("/ferry/plan", {"prompt": {"1": {"inputs": {}}}})
+    assert status == 400 and bad["setting"] == "prompt"
+
+
+def test_a_budget_set_through_the_route_applies_next_prompt(
+    client: Client, server: Any, reference: torch.Tensor
+) -> None:
+    g = graph([ferry(**AUTO)], "planner-budget", loader=FERRY_LOADER)
+    assert client.post("/ferry/budgets", {"vram_gb": None, "ram_gb": None})[0] == 200
+    assert torch.equal(run_ok(client, server, g), reference)
+    (before,) = client.live()
+    assert before["resident_groups"] == 0  # a CPU: "auto" keeps nothing on the device
+    _, plan = client.post("/ferry/plan", {"prompt": g})
+    # More than the model: on a CPU a VRAM budget keeps that much on the onload device.
+    budget = plan["networks"][0]["bytes"] * 2 / GIB
+    try:
+        status, body = client.post("/ferry/budgets", {"vram_gb": budget})
+        assert status == 200, body
+        assert torch.equal(run_ok(client, server, g), reference)  # no restart
+        (after,) = client.live()
+        assert after["resident_groups"] == after["groups"] > 0, after
+        assert "whole while it runs" in after["why"]
+    finally:
+        client.post("/ferry/budgets", {"vram_gb": None, "ram_gb": None})
