@@ -30,7 +30,9 @@ def client(server: Any) -> Client:
 
 def run_ok(client: Client, server: Any, g: dict[str, Any]) -> torch.Tensor:
     entry = client.run(g)
-    assert entry["status"]["status_str"] == "success", f"{error_message(entry)}\n{server.log_tail()}"
+    assert entry["status"]["status_str"] == "success", (
+        f"{error_message(entry)}\n{server.log_tail()}"
+    )
     return load_file(str(server.base / "output" / saved_latent_name(entry)))["latent_tensor"]
 
 
