@@ -11,7 +11,7 @@ import torch
 from offload_core.errors import ConfigError
 from offload_core.planner import MachineFacts, NetworkFacts, Wish, disk_speed, plan_graph
 from offload_core.planner.facts import ASSUMED_DISK_GBPS
-from offload_core.planner.machine import default_pin_limit, read_machine
+from offload_core.planner.machine import default_pin_limit, default_ram_headroom, read_machine
 from offload_core.planner.network_file import network_from_file
 from offload_core.planner.sizing import MAX_AUTO_DEPTH
 from offload_core.units import GIB, MIB
@@ -327,3 +327,23 @@ def test_a_vram_budget_on_a_cpu_keeps_groups_on_the_onload_device() -> None:
     whole = plan_graph(cpu(64, vram_budget=9 * GIB), [net]).choices[0]
     assert whole.vram_resident == 8 * GIB and "whole while it runs" in whole.reason
     assert plan_graph(cpu(64), [net]).choices[0].vram_resident == 0
+
+
+def test_weights_outside_the_blocks_are_ram_on_a_cpu_whatever_the_tier() -> None:
+    # A T5's 1 GiB embedding lies outside its blocks: on a CPU it is RAM even on the disk tier.
+    net = NetworkFacts("t5", "text_encoder", 9 * GIB, (GIB // 3,) * 24, in_place=True)
+    on_disk = plan_graph(cpu(4), [net])
+    (c,) = on_disk.choices
+    assert on_disk.fits and net.outside_bytes == 9 * GIB - 24 * (GIB // 3)
+    assert c.tier == "disk" and c.ram_bytes == net.outside_bytes + c.sizing.slot_bytes
+    assert not plan_graph(cpu(3), [net]).fits  # 1 GiB of room: less than the embedding
+    in_ram = plan_graph(cpu(64), [net]).choices[0]
+    assert in_ram.tier == "ram" and in_ram.ram_bytes == 9 * GIB + in_ram.sizing.slot_bytes
+    assert plan_graph(gpu(4, 64, 40), [net]).choices[0].ram_bytes == 9 * GIB
+
+
+@pytest.mark.parametrize(
+    ("available", "headroom"), [(2 * GIB, 512 << 20), (8 * GIB, GIB), (64 * GIB, 2 * GIB)]
+)
+def test_default_ram_headroom(available: int, headroom: int) -> None:
+    assert default_ram_headroom(available) == headroom

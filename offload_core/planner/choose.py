@@ -9,7 +9,7 @@ RAM]), sizing.py ([Note: a group worth its launch], [Note: look-ahead]).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ConfigError
@@ -17,7 +17,7 @@ from ..policy import TierName
 from ..units import GIB, fmt_bytes
 from .facts import MachineFacts, NetworkFacts
 from .sizing import Sizing, pace_phrase, size
-from .tiers import Split, disk_takes, split
+from .tiers import Split, disk_takes, host_bytes, split
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,11 @@ def plan_graph(
 
 
 def _working(net: NetworkFacts, machine: MachineFacts, s: Sizing) -> int:
-    return 0 if machine.on_gpu and net.wish.tier != "disk" else s.slot_bytes
+    """RAM a network takes besides its host tier: on a CPU its slots and what lies outside
+    its blocks (the onload device is RAM); on a GPU a disk tier's staging, a slot's size."""
+    if machine.on_gpu:
+        return s.slot_bytes if net.wish.tier == "disk" else 0
+    return s.slot_bytes + net.outside_bytes
 
 
 def _choose(
@@ -167,7 +171,7 @@ def _choose(
         resident, s = net.nbytes, Sizing(s.blocks_per_group, 1, 0, s.n_groups)
     elif vram is not None:
         resident = min(net.nbytes - s.group_bytes, max(0, vram - s.slot_bytes))
-    working = s.slot_bytes if (not machine.on_gpu or tier == "disk") else 0
+    working = _working(replace(net, wish=replace(net.wish, tier=tier)), machine, s)
     reason = _tier_clause(i, nets, machine, sp, room)
     device = "GPU" if machine.on_gpu else "onload device (the VRAM budget)"
     if resident == net.nbytes:
@@ -182,7 +186,7 @@ def _choose(
         tier=tier,
         sizing=s,
         vram_resident=resident,
-        ram_bytes=working + (0 if tier == "disk" else net.nbytes),
+        ram_bytes=working + (0 if tier == "disk" else host_bytes(net, machine)),
         disk_bytes=net.nbytes if tier == "disk" and not net.in_place else 0,
         reason=reason,
     )
@@ -246,7 +250,7 @@ def _refuse_forced(
                 "choose a folder with room (disk_path), or set tier to auto",
             )
     in_ram = [n for n in nets if n.wish.tier in ("pinned", "ram") or not n.ferry]
-    need = sum(n.nbytes for n in in_ram) + sum(working)
+    need = sum(host_bytes(n, machine) for n in in_ram) + sum(working)
     if in_ram and need > room:
         plain = [n.title for n in in_ram if not n.ferry]
         fix = "set tier to auto or disk" if len(plain) < len(in_ram) else ""

@@ -80,6 +80,12 @@ class NetworkFacts:
     ferry: bool = True
 
     @property
+    def outside_bytes(self) -> int:
+        """Its weights outside the repeated blocks: they never stream (the onload device
+        holds them: RAM on a CPU)."""
+        return self.nbytes - sum(self.block_bytes) if self.block_bytes else 0
+
+    @property
     def title(self) -> str:
         return f"{'text encoder' if self.kind == 'text_encoder' else 'model'} {self.name}"
 

@@ -25,6 +25,12 @@ def default_pin_limit(total_ram: int, platform: str = sys.platform) -> int:
     return int(max(total_ram * 0.40, min(total_ram * 0.90, total_ram - 4 * GIB)))
 
 
+def default_ram_headroom(available: int) -> int:
+    """RAM kept free beside what Ferry plans: an eighth of what is available, between
+    512 MiB (the host's own work on a small machine or container) and 2 GiB."""
+    return max(512 << 20, min(DEFAULT_RAM_HEADROOM, available // 8))
+
+
 def read_machine(
     *,
     vram_free: int | None,
@@ -32,7 +38,7 @@ def read_machine(
     pin_limit: int | None = None,
     ram_budget: int | None = None,
     vram_budget: int | None = None,
-    ram_headroom: int = DEFAULT_RAM_HEADROOM,
+    ram_headroom: int | None = None,
 ) -> MachineFacts:
     """The machine now. ``pin_limit``: the host's (ComfyUI: ``MAX_PINNED_MEMORY``; 0 where
     it pins nothing), else ``default_pin_limit``. A disk folder that cannot be used counts as
@@ -44,15 +50,16 @@ def read_machine(
     gbps, measured = disk_speed.cached(disk_folder if free is not None else None)
     if pin_limit is None and vram_free is not None:
         pin_limit = default_pin_limit(int(psutil.virtual_memory().total))
+    available = system_available_ram()
     return MachineFacts(
         vram_free=vram_free,
-        ram_available=system_available_ram(),
+        ram_available=available,
         pin_limit=pin_limit,
         disk_free=free,
         disk_folder=disk_folder,
         disk_gbps=gbps,
         disk_measured=measured,
-        ram_headroom=ram_headroom,
+        ram_headroom=default_ram_headroom(available) if ram_headroom is None else ram_headroom,
         ram_budget=ram_budget,
         vram_budget=vram_budget,
     )

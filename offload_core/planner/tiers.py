@@ -38,6 +38,12 @@ def fixed_tier(net: NetworkFacts) -> tuple[TierName] | None:
     return None if net.wish.tier is None else (net.wish.tier,)
 
 
+def host_bytes(net: NetworkFacts, machine: MachineFacts) -> int:
+    """What a network's host tier holds: all of it, less (on a CPU) what lies outside its
+    blocks, which the working RAM counts (the onload device holds it)."""
+    return net.nbytes - (0 if machine.on_gpu else net.outside_bytes)
+
+
 def disk_cost(net: NetworkFacts, machine: MachineFacts) -> float:
     """Seconds a prompt spends reading ``net`` from disk."""
     return net.nbytes * net.reads_per_prompt / (machine.disk_gbps * GB)
@@ -59,7 +65,7 @@ def split(
     best: tuple[tuple[float, int, int], tuple[TierName, ...]] | None = None
     options = [fixed_tier(n) or ("ram", "disk") for n in nets]
     for tiers in product(*options):
-        in_ram = sum(n.nbytes for n, t in zip(nets, tiers) if t != "disk")
+        in_ram = sum(host_bytes(n, machine) for n, t in zip(nets, tiers) if t != "disk")
         used = in_ram + sum(working)
         on_disk = [n for n, t in zip(nets, tiers) if t == "disk"]
         if used > room or not disk_takes(on_disk, machine):
