@@ -21,7 +21,7 @@ import comfy.model_management as mm
 import folder_paths
 import torch
 
-from ..offload_core.planner import Choice, GraphPlan, MachineFacts, plan_graph
+from ..offload_core.planner import Choice, GraphPlan, MachineFacts, disk_speed, plan_graph
 from ..offload_core.planner.facts import Kind, Wish
 from ..offload_core.planner.machine import read_machine
 from ..offload_core.runtime.memory import process_memory
@@ -57,6 +57,8 @@ def _cast(kind: Kind) -> Callable[[torch.dtype, int], torch.dtype | None]:
     def rule(stored: torch.dtype, params: int) -> torch.dtype | None:
         if kind == "model":
             return mm.unet_dtype(device, model_params=params, weight_dtype=stored)  # type: ignore[no-any-return]
+        if kind == "vae":
+            return mm.vae_dtype(device)  # type: ignore[no-any-return]
         if stored.itemsize == 1:  # fp8 text encoders keep their storage (cast per use)
             return None
         return mm.text_encoder_dtype(device)  # type: ignore[no-any-return]
@@ -85,10 +87,21 @@ def _live_host_ram() -> int:
     return total
 
 
+def _record_disk_speeds() -> None:
+    """Keeps the read speed each live disk layout measured in its folder (disk_speed.py): the
+    next plan uses it instead of an assumed one. A layout read from its own checkpoint wrote
+    no folder, and its speed is that file's disk's: nothing is kept for it."""
+    for o in read_offloads():
+        folder, gbps = o.stats.get("disk_folder"), o.stats.get("disk_gbps")
+        if folder and gbps:
+            disk_speed.record(os.path.dirname(os.path.normpath(folder)), float(gbps))
+
+
 def host_machine(disk_folder: str | None, budgets: tuple[int | None, int | None]) -> MachineFacts:
     """This machine as core counts it; ``budgets``: the user's (VRAM, RAM) caps."""
     from dataclasses import replace
 
+    _record_disk_speeds()
     device = mm.get_torch_device()
     vram = None if device.type == "cpu" else int(mm.get_free_memory(device))
     on_gpu = vram is not None

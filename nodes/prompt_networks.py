@@ -44,6 +44,8 @@ LOADERS: Mapping[str, Loader] = {
     ),
     "CLIPLoaderGGUF": Loader("text_encoder", "clip", ("clip_name",)),
     "DualCLIPLoaderGGUF": Loader("text_encoder", "clip", ("clip_name1", "clip_name2")),
+    # Listed for its RAM: the plan's peak counts it (no Ferry node offloads a VAE).
+    "VAELoader": Loader("vae", "vae", ("vae_name",)),
 }
 #: Ferry's offload nodes, and the input its network comes in on.
 FERRY_NODES: Mapping[str, str] = {"FerryOffloadModel": "model", "FerryOffloadTextEncoder": "clip"}
@@ -126,7 +128,7 @@ def _facts(loader_id: str, node: dict[str, Any], find: Find, cast: Cast) -> Netw
 def prompt_networks(
     prompt: dict[str, Any], find: Find, cast: Cast, wish_of: WishOf
 ) -> list[PromptNetwork]:
-    """Every network ``prompt`` loads, Ferry's or not, diffusion models first."""
+    """Every network ``prompt`` loads, Ferry's or not: diffusion models, text encoders, VAEs."""
     if not isinstance(prompt, dict):
         raise ConfigError(
             "prompt", "send the workflow in API format: {node id: {class_type, inputs}}"
@@ -148,4 +150,5 @@ def prompt_networks(
         reads = steps if facts.kind == "model" else 1.0
         facts = replace(facts, wish=wish, ferry=ferry_id is not None, reads_per_prompt=reads)
         out.append(PromptNetwork(loader_id, ferry_id, tuple(facts.file.split(" + ")), facts))  # type: ignore[union-attr]
-    return sorted(out, key=lambda n: (n.facts.kind != "model", n.loader_id))
+    order = {"model": 0, "text_encoder": 1, "vae": 2}
+    return sorted(out, key=lambda n: (order[n.facts.kind], n.loader_id))

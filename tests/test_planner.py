@@ -195,17 +195,20 @@ def test_forced_disk_read_in_place_needs_no_room() -> None:
     assert plan.fits and plan.disk_bytes == 0
 
 
-def test_forced_ram_beyond_the_ram_is_refused_naming_tier() -> None:
+def test_forced_ram_beyond_the_ram_warns_without_refusing() -> None:
+    # RAM short of the headroom may still hold: the pre-flight says so, the node runs.
     plan = plan_graph(cpu(8), [dm(wish=Wish(tier="ram"))])
-    assert not plan.fits and plan.refusal is not None and plan.refusal.setting == "tier"
+    assert not plan.fits and plan.refusal is None and plan.check() is plan
+    assert plan.verdict().startswith("may not fit: the networks need 12.")
+    assert "set their tier to auto or disk" in plan.verdict()
 
 
-def test_nothing_fits_says_what_to_change() -> None:
+def test_nothing_fits_in_ram_without_a_disk_folder_says_what_to_change() -> None:
     plan = plan_graph(cpu(8, disk_gib=None), [te(), dm()])
-    assert not plan.fits and plan.refusal is not None
-    assert plan.refusal.setting == "disk_path"
-    assert "no usable disk folder" in str(plan.refusal)
-    assert plan.as_dict()["setting"] == "disk_path"
+    assert [c.tier for c in plan.choices] == ["ram", "ram"]  # disk cannot take them
+    assert not plan.fits and plan.warning is not None
+    assert "give a disk folder with room (disk_path)" in plan.warning
+    assert plan.as_dict()["warning"] == plan.warning
 
 
 def test_in_place_networks_go_to_disk_without_a_folder() -> None:
@@ -298,10 +301,9 @@ def test_a_network_no_ferry_node_offloads_stays_in_ram_and_takes_its_room() -> N
     assert [c.tier for c in plan.choices] == ["ram", "disk"]
     assert plan.choices[0].reason.startswith("ram: not behind a Ferry node")
     assert plan.choices[0].sizing.slot_bytes == 0
-    refused = plan_graph(cpu(6), [plain, dm()]).refusal
-    assert refused is not None and "put a Ferry offload node after text encoder t5xxl" in str(
-        refused
-    )
+    short = plan_graph(cpu(6), [plain, dm()])
+    assert short.refusal is None and short.warning is not None
+    assert "put the networks no Ferry node offloads behind one" in short.warning
 
 
 def test_network_from_file_cast_rule_sees_the_files_dtype_and_size(tmp_path: Path) -> None:

@@ -49,6 +49,9 @@ def files(tmp_path: Path) -> Path:
     sparse_safetensors(tmp_path / "umt5.safetensors", te_tensors(24, 4096, "encoder"))
     sparse_safetensors(tmp_path / "clip_l.safetensors", te_tensors(12, 768, "text_model"))
     sparse_safetensors(tmp_path / "clip_g.safetensors", te_tensors(32, 1280, "text_model"))
+    sparse_safetensors(
+        tmp_path / "vae.safetensors", {"decoder.conv_in.weight": ("F16", (512, 16, 3, 3))}
+    )
     return tmp_path
 
 
@@ -71,6 +74,7 @@ def four_networks() -> dict[str, Any]:
         "8": {"class_type": "KSampler", "inputs": {"model": ["2", 0], "steps": 12, "cfg": 5.0}},
         "9": {"class_type": "KSamplerAdvanced", "inputs": {"model": ["3", 0], "steps": 8,
                                                             "cfg": 1.0}},
+        "10": {"class_type": "VAELoader", "inputs": {"vae_name": "vae.safetensors"}},
     }  # fmt: skip
 
 
@@ -85,7 +89,8 @@ def networks(files: Path, prompt: dict[str, Any]) -> list[Any]:
 def test_four_networks_read_from_the_prompt_and_headers(files: Path) -> None:
     nets = networks(files, four_networks())
     by_loader = {n.loader_id: n for n in nets}
-    assert [n.loader_id for n in nets] == ["1", "3", "4", "7"]  # models first
+    assert [n.loader_id for n in nets] == ["1", "3", "4", "7", "10"]  # models, encoders, VAE
+    assert by_loader["10"].facts.kind == "vae" and not by_loader["10"].facts.ferry
     assert by_loader["1"].ferry_id == "2" and by_loader["4"].ferry_id == "6"
     assert by_loader["3"].ferry_id is None and not by_loader["3"].facts.ferry
     assert by_loader["7"].ferry_id is None
@@ -113,12 +118,14 @@ def test_four_network_plan_reads_headers_only_and_answers_in_under_a_second(file
         plan = planner.plan_graph(machine, [x.facts for x in nets])
     took = time.perf_counter() - start
     assert took < 1.0, f"the pre-flight took {took:.2f} s"
-    assert n[0] < 5 * 64 * 1024, f"read {n[0]} bytes: more than five headers"
+    assert n[0] < 6 * 64 * 1024, f"read {n[0]} bytes: more than six headers"
     assert plan.fits, plan.verdict()
     tiers = {c.network.name: c.tier for c in plan.choices}
     # 28 GiB of room: the plain expert (15.6 GiB) and CLIP stay in RAM (not Ferry's), the
     # text encoder was set to disk, and the Ferry expert (15.6 GiB) does not fit beside them.
-    assert tiers == {"high": "disk", "low": "ram", "umt5": "disk", "clip_l + clip_g": "ram"}
+    assert tiers == {
+        "high": "disk", "low": "ram", "umt5": "disk", "clip_l + clip_g": "ram", "vae": "ram"
+    }  # fmt: skip
 
 
 def test_a_missing_file_names_its_widget(files: Path) -> None:

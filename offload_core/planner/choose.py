@@ -14,10 +14,10 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..policy import TierName
-from ..units import GIB, fmt_bytes
+from ..units import fmt_bytes
 from .facts import MachineFacts, NetworkFacts
 from .sizing import Sizing, pace_phrase, size
-from .tiers import Split, disk_takes, host_bytes, split
+from .tiers import Split, disk_takes, fixed_tier, host_bytes, split
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,12 @@ class GraphPlan:
     peak_vram: int | None
     disk_bytes: int
     refusal: ConfigError | None = None
+    #: Where the RAM room is short but nothing is refused: what may not fit, and what to change.
+    warning: str | None = None
 
     @property
     def fits(self) -> bool:
-        return self.refusal is None
+        return self.refusal is None and self.warning is None
 
     def check(self) -> GraphPlan:
         """Raises the refusal, if any; returns the plan."""
@@ -87,6 +89,8 @@ class GraphPlan:
     def verdict(self) -> str:
         if self.refusal is not None:
             return f"does not fit: {self.refusal}"
+        if self.warning is not None:
+            return f"may not fit: {self.warning}"
         vram = "" if self.peak_vram is None else f"VRAM {fmt_bytes(self.peak_vram)}, "
         return (
             f"fits: peak {vram}RAM {fmt_bytes(self.peak_ram)} "
@@ -100,6 +104,7 @@ class GraphPlan:
             "disk_bytes": self.disk_bytes, "ram_room": self.ram_room, "fits": self.fits,
             "verdict": self.verdict(),
             "setting": None if self.refusal is None else self.refusal.setting,
+            "warning": self.warning,
         }  # fmt: skip
 
 
@@ -125,13 +130,25 @@ def plan_graph(
     # The slots' RAM before the split (a CPU computes from RAM slots; a GPU's disk reads go
     # through staging buffers of a slot's size): one block, one ahead, at the least.
     first = [_working(n, machine, size(n, "disk", machine, None)) if n.ferry else 0 for n in nets]
-    refusal = _refuse_forced(nets, machine, room, first)
+    refusal = _refuse_forced(nets, machine)
     chosen = split(nets, machine, room, first) if refusal is None else None
-    if chosen is None:
-        refusal = refusal or _nothing_fits(nets, machine, room)
-        chosen = Split(tuple(n.wish.tier or "disk" for n in nets), 0, None)
+    if chosen is None:  # refused: the choices are still drawn, for the pre-flight to show
+        chosen = Split(tuple((fixed_tier(n) or ("disk",))[0] for n in nets), 0, None)
     choices = tuple(_choose(i, nets, machine, chosen, room, first) for i in range(len(nets)))
     vram = [c.vram_resident + c.sizing.slot_bytes for c in choices]
+    need = sum(c.ram_bytes for c in choices)
+    warning = None
+    if refusal is None and need > room:
+        warning = (
+            f"the networks need {fmt_bytes(need)} of RAM and {fmt_bytes(room)} is available "
+            f"for Ferry (after {fmt_bytes(machine.ram_headroom)} headroom); free RAM, raise the "
+            "RAM budget, put the networks no Ferry node offloads behind one, or "
+            + (
+                "set their tier to auto or disk"
+                if any(n.wish.tier in ("ram", "pinned") for n in nets)
+                else "give a disk folder with room (disk_path)"
+            )
+        )
     return GraphPlan(
         machine=machine,
         choices=choices,
@@ -140,6 +157,7 @@ def plan_graph(
         peak_vram=max(vram, default=0) if machine.on_gpu else None,
         disk_bytes=sum(c.disk_bytes for c in choices),
         refusal=refusal,
+        warning=warning,
     )
 
 
@@ -225,10 +243,10 @@ def _tier_clause(
     )
 
 
-def _refuse_forced(
-    nets: list[NetworkFacts], machine: MachineFacts, room: int, working: list[int]
-) -> ConfigError | None:
-    """A tier a user set that cannot work on this machine, as the error naming the setting."""
+def _refuse_forced(nets: list[NetworkFacts], machine: MachineFacts) -> ConfigError | None:
+    """A tier a user set that cannot work on this machine, as the error naming the setting:
+    pinned past the pin limit, or a disk folder without room for what it must hold. (RAM that
+    runs short is a warning: the headroom may still hold it, and the kernel is the judge.)"""
     pinned = [n for n in nets if n.wish.tier == "pinned"]
     need = sum(n.nbytes for n in pinned)
     if machine.on_gpu and machine.pin_limit is not None and need > machine.pin_limit:
@@ -249,29 +267,4 @@ def _refuse_forced(
                 f"{where} has {free} but the {n.title} writes {fmt_bytes(n.nbytes)} there; "
                 "choose a folder with room (disk_path), or set tier to auto",
             )
-    in_ram = [n for n in nets if n.wish.tier in ("pinned", "ram") or not n.ferry]
-    need = sum(host_bytes(n, machine) for n in in_ram) + sum(working)
-    if in_ram and need > room:
-        plain = [n.title for n in in_ram if not n.ferry]
-        fix = "set tier to auto or disk" if len(plain) < len(in_ram) else ""
-        if plain:
-            fix += (" and " if fix else "") + f"put a Ferry offload node after {', '.join(plain)}"
-        return ConfigError(
-            "tier",
-            f"{' and '.join(n.title for n in in_ram)} in RAM need {fmt_bytes(need)} but "
-            f"{fmt_bytes(room)} is available for Ferry; {fix}",
-        )
     return None
-
-
-def _nothing_fits(nets: list[NetworkFacts], machine: MachineFacts, room: int) -> ConfigError:
-    total = sum(n.nbytes for n in nets if not n.in_place)
-    free = "no usable disk folder" if machine.disk_free is None else (
-        f"{fmt_bytes(machine.disk_free)} free in {machine.disk_folder or 'the disk folder'}"
-    )  # fmt: skip
-    return ConfigError(
-        "disk_path",
-        f"the networks need {fmt_bytes(total)} of RAM or disk; {fmt_bytes(room)} RAM is "
-        f"available for Ferry and there is {free}; choose a disk folder with "
-        f"{fmt_bytes(total - min(room, total) + GIB)} or more free (disk_path), or free RAM",
-    )

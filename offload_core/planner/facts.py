@@ -30,7 +30,9 @@ ASSUMED_CPU_COMPUTE_GBPS = 0.5
 #: the text encoder's activations) and the page cache the loaders read through.
 DEFAULT_RAM_HEADROOM = 2 * GIB
 
-Kind = Literal["model", "text_encoder"]
+#: What a network is; a VAE is listed (and its RAM counted) but never offloaded by Ferry.
+Kind = Literal["model", "text_encoder", "vae"]
+_KIND_WORDS = {"model": "model", "text_encoder": "text encoder", "vae": "VAE"}
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class NetworkFacts:
 
     @property
     def title(self) -> str:
-        return f"{'text encoder' if self.kind == 'text_encoder' else 'model'} {self.name}"
+        return f"{_KIND_WORDS[self.kind]} {self.name}"
 
 
 @dataclass(frozen=True)

@@ -60,23 +60,25 @@ def disk_takes(nets: list[NetworkFacts], machine: MachineFacts) -> bool:
 def split(
     nets: list[NetworkFacts], machine: MachineFacts, room: int, working: list[int]
 ) -> Split | None:
-    """The cheapest split that fits (Note above), or None where none does. A user's tier is
-    kept as set; ``working`` is each network's RAM besides its host tier (its slots)."""
-    best: tuple[tuple[float, int, int], tuple[TierName, ...]] | None = None
+    """The cheapest split that fits (Note above). Where none fits in ``room``, the one that
+    overflows it least (``Split.ram_left`` negative: the plan warns, the headroom may still
+    hold it); None only where the disk folder cannot take what must go there. A user's tier
+    is kept as set; ``working`` is each network's RAM besides its host tier (its slots)."""
+    best: tuple[tuple[int, float, int, int], tuple[TierName, ...]] | None = None
     options = [fixed_tier(n) or ("ram", "disk") for n in nets]
     for tiers in product(*options):
         in_ram = sum(host_bytes(n, machine) for n, t in zip(nets, tiers) if t != "disk")
         used = in_ram + sum(working)
         on_disk = [n for n, t in zip(nets, tiers) if t == "disk"]
-        if used > room or not disk_takes(on_disk, machine):
+        if not disk_takes(on_disk, machine):
             continue
         cost = sum(disk_cost(n, machine) for n in on_disk)
-        key = (cost, len(on_disk), used)
+        key = (max(0, used - room), cost, len(on_disk), used)
         if best is None or key < best[0]:
             best = (key, tuple(tiers))  # type: ignore[arg-type]
     if best is None:
         return None
-    return _pin(nets, best[1], machine, room - best[0][2])
+    return _pin(nets, best[1], machine, room - best[0][3])
 
 
 def _pin(

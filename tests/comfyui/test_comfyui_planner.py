@@ -7,15 +7,23 @@ set through the route changes the next prompt's layout, with no restart.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import pytest
 import torch
-from ferry_workflows import MODEL_FILE, Client, error_message, ferry, graph, saved_latent_name
+from ferry_workflows import (
+    AUTO,
+    MODEL_FILE,
+    Client,
+    error_message,
+    ferry,
+    graph,
+    saved_latent_name,
+)
 from safetensors.torch import load_file
 
-AUTO = {"tier": "auto", "blocks_per_group": "auto", "prefetch_depth": "auto", "vram_budget": "auto"}
 FERRY_LOADER = (
     "FerryLoadDiffusionModelQuantized",
     {"unet_name": MODEL_FILE, "quant_preset": "none", "cache": True, "weight_dtype": "default"},
@@ -88,3 +96,37 @@ def test_a_budget_set_through_the_route_applies_next_prompt(
         assert "whole while it runs" in after["why"]
     finally:
         client.post("/ferry/budgets", {"vram_gb": None, "ram_gb": None})
+
+
+@pytest.mark.browser
+def test_the_sidebars_plan_button_shows_the_plan(server: Any) -> None:
+    """Debian's chromium: "Plan this workflow" on the graph in the canvas lists its network,
+    where Ferry puts it and why. FERRY_SCREENSHOT=<png> keeps the screenshot (docs/img)."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from test_comfyui_sidebar import CHROMIUM, FLAGS
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no chromium at {CHROMIUM}")
+    client = Client(server.url)
+    client.post("/settings/Comfy.TutorialCompleted", True)
+    g = graph([ferry(**AUTO)], "planner-browser", loader=FERRY_LOADER)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 860})
+            page.goto(server.url + "/", wait_until="networkidle", timeout=120_000)
+            if page.locator(".p-dialog-mask").count():
+                page.keyboard.press("Escape")
+            page.evaluate("(g) => window.comfyAPI.app.app.loadApiJson(g, 'ferry-plan')", g)
+            page.click(".ferry-tab-button")
+            page.click("#ferry-plan-btn")
+            page.wait_for_selector("#ferry-plan [data-ferry-plan]", timeout=60_000)
+            text = page.inner_text("#ferry-plan")
+            shot = os.environ.get("FERRY_SCREENSHOT")
+            if shot:
+                page.screenshot(path=shot)
+        finally:
+            browser.close()
+    assert "fits: peak RAM" in text and "predicted peak" in text
+    assert f"model {MODEL_FILE.removesuffix('.safetensors')} →" in text
+    assert "groups of" in text and "ahead" in text
