@@ -101,8 +101,17 @@ def reads_per_prompt(prompt: dict[str, Any]) -> float:
     return max(reads, default=float(DEFAULT_STEPS * 2))
 
 
+#: A loader's ``weight_dtype`` widget (UNETLoader's, Ferry's loader's): the dtype it loads in.
+WEIGHT_DTYPES = {
+    "fp8_e4m3fn": torch.float8_e4m3fn,
+    "fp8_e4m3fn_fast": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+
 def _facts(loader_id: str, node: dict[str, Any], find: Find, cast: Cast) -> NetworkFacts:
     spec = LOADERS[node["class_type"]]
+    rule = WEIGHT_DTYPES.get(node.get("inputs", {}).get("weight_dtype")) or cast(spec.kind)
     parts = []
     for widget in spec.files:
         name = node.get("inputs", {}).get(widget)
@@ -111,7 +120,7 @@ def _facts(loader_id: str, node: dict[str, Any], find: Find, cast: Cast) -> Netw
             raise ConfigError(widget, f"{name!r} is not in models/{spec.folder} (node {loader_id})")
         stem = os.path.splitext(os.path.basename(name))[0]  # type: ignore[arg-type]
         parts.append(
-            network_from_file(path, name=stem, kind=spec.kind, cast=cast(spec.kind), setting=widget)
+            network_from_file(path, name=stem, kind=spec.kind, cast=rule, setting=widget)
         )
     first = parts[0]
     return replace(

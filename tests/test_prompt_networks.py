@@ -185,3 +185,12 @@ def test_saved_numbers_still_load_as_text() -> None:
         vram_budget="",
     )  # fmt: skip
     assert policy.to_dict()["blocks_per_group"] == 2 and policy.prefetch_depth == 1
+
+
+def test_a_loaders_weight_dtype_is_how_it_loads(files: Path) -> None:
+    prompt = four_networks()
+    prompt["3"]["inputs"]["weight_dtype"] = "fp8_e4m3fn"
+    low = next(n for n in networks(files, prompt) if n.loader_id == "3").facts
+    high = next(n for n in networks(files, prompt) if n.loader_id == "1").facts
+    assert not low.in_place and high.in_place  # converted: the disk tier must write it
+    assert low.nbytes < high.nbytes * 0.6  # 8-bit weights, float32 norms

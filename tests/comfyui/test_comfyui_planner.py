@@ -130,3 +130,24 @@ def test_the_sidebars_plan_button_shows_the_plan(server: Any) -> None:
     assert "fits: peak RAM" in text and "predicted peak" in text
     assert f"model {MODEL_FILE.removesuffix('.safetensors')} →" in text
     assert "groups of" in text and "ahead" in text
+
+
+def test_a_disk_folder_too_small_is_refused_before_any_load(
+    client: Client, server: Any, tmp_path: Any
+) -> None:
+    """tier disk, forced, in a 1 MiB filesystem, for a model its loader converts to fp8 (so
+    the disk tier must write it): the prompt fails naming disk_path, and nothing was laid
+    out."""
+    from tests.helpers import tmpfs
+
+    loader = (FERRY_LOADER[0], {**FERRY_LOADER[1], "weight_dtype": "fp8_e4m3fn"})
+    with tmpfs(tmp_path / "tiny-disk", "1m") as small:
+        g = graph([ferry(tier="disk", disk_path=str(small))], "planner-refused", loader=loader)
+        laid = server.log.read_text(errors="replace").count("ferry: laid out")
+        entry = client.run(g)
+        assert entry["status"]["status_str"] == "error"
+        message = error_message(entry)
+        assert "disk_path: " in message and f"{small} has " in message, message
+        assert "writes" in message and "choose a folder with room" in message
+        assert server.log.read_text(errors="replace").count("ferry: laid out") == laid
+        assert list(small.iterdir()) == []

@@ -20,7 +20,15 @@ function node(tag, attrs = {}, ...children) {
 }
 
 function gib(n) {
-  return n === null || n === undefined ? "–" : `${(Number(n) / 2 ** 30).toFixed(2)} GiB`;
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = Number(n);
+  let i = 0;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i += 1;
+  }
+  return i === 0 ? `${v.toFixed(0)} B` : `${v.toFixed(2)} ${units[i]}`;
 }
 
 async function postJson(path, body) {
