@@ -119,9 +119,7 @@ def _facts(loader_id: str, node: dict[str, Any], find: Find, cast: Cast) -> Netw
         if path is None:
             raise ConfigError(widget, f"{name!r} is not in models/{spec.folder} (node {loader_id})")
         stem = os.path.splitext(os.path.basename(name))[0]  # type: ignore[arg-type]
-        parts.append(
-            network_from_file(path, name=stem, kind=spec.kind, cast=rule, setting=widget)
-        )
+        parts.append(network_from_file(path, name=stem, kind=spec.kind, cast=rule, setting=widget))
     first = parts[0]
     return replace(
         first,
