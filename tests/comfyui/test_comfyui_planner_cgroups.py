@@ -109,6 +109,9 @@ def test_auto_in_a_cgroup(graph_base: Path, reference: dict[str, torch.Tensor], 
         for kind, n in chosen.items():
             print(f"|   {kind} | {n['tier']} | {n['reason']} |")
         assert {k: n["tier"] for k, n in chosen.items()} == case.tiers
+        # The pre-flight's peak against the process's own memory (the cgroup's peak also holds
+        # page cache the kernel reclaims before a kill: docs/benchmarks.md says by how much).
+        assert abs(predicted - anon) / anon < 0.15, (predicted, anon)
         assert {k: lines[k]["tier"] for k in case.tiers} == case.tiers  # the layout as planned
         assert all(lines[k]["why"] for k in case.tiers)
         if case.plain_killed:
