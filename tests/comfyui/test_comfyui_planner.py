@@ -120,7 +120,10 @@ def test_the_sidebars_plan_button_shows_the_plan(server: Any) -> None:
             page.evaluate("(g) => window.comfyAPI.app.app.loadApiJson(g, 'ferry-plan')", g)
             page.click(".ferry-tab-button")
             page.click("#ferry-plan-btn")
-            page.wait_for_selector("#ferry-plan [data-ferry-plan]", timeout=60_000)
+            try:
+                page.wait_for_selector("#ferry-plan [data-ferry-plan]", timeout=60_000)
+            except sync_api.TimeoutError:
+                pytest.fail(f"no plan; the section says: {page.inner_text('#ferry-plan')[:500]}")
             text = page.inner_text("#ferry-plan")
             shot = os.environ.get("FERRY_SCREENSHOT")
             if shot:
