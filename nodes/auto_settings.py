@@ -14,10 +14,9 @@ from dataclasses import replace
 from typing import Any
 
 from ..offload_core import ConfigError
-from ..offload_core.model.grouping import find_block_lists
-from ..offload_core.model.layout import module_nbytes
 from ..offload_core.planner import Choice, NetworkFacts, plan_graph
 from ..offload_core.planner.facts import Kind
+from ..offload_core.planner.network_module import network_from_module
 from ..offload_core.tools.settings_file import load_settings
 from ..offload_core.units import GIB
 from . import graph_plan, plan_notes
@@ -38,15 +37,8 @@ def budgets() -> tuple[int | None, int | None]:
 
 
 def network_in_hand(module: Any, name: str, kind: Kind) -> NetworkFacts:
-    """The figures of the network a node holds, for a node its prompt does not show: its
-    bytes and its longest block list's blocks (meta tensors count by their shapes)."""
-    lists = find_block_lists(module)
-    blocks = tuple(module_nbytes(b) for _, bl in lists for b in bl.children())
-    held = sum(t.nbytes for t in module.parameters() if t.device.type == "cpu")
-    longest = max((len(list(bl.children())) for _, bl in lists), default=0)
-    return NetworkFacts(
-        name, kind, module_nbytes(module), blocks, held_bytes=held, longest_list=longest
-    )
+    """The figures of the network a node holds, for a node its prompt does not show."""
+    return network_from_module(module, name, kind)
 
 
 def planned_widgets(

@@ -205,6 +205,8 @@ def test_planner_recommends_and_saves_with_one_click(running: RunningPanel, clie
     cols = table["headers"]
     assert len(rows) >= 4 and cols[:3] == ["#", "plan", "s/forward"]
     assert verdict.startswith("✔ recommended: #")
+    # The same planner ComfyUI's "auto" uses, beside the measurements (a CPU: the RAM tier).
+    assert "Ferry's planner (auto, not measured): ram: " in verdict and "ahead" in verdict
     idx = int(verdict.split("#")[1].split()[0])
     best = next(r for r in rows if r[0] == idx)
     assert best[2] == min(r[2] for r in rows if r[5] == "yes" and r[2] is not None)

@@ -349,3 +349,32 @@ def test_weights_outside_the_blocks_are_ram_on_a_cpu_whatever_the_tier() -> None
 )
 def test_default_ram_headroom(available: int, headroom: int) -> None:
     assert default_ram_headroom(available) == headroom
+
+
+def test_network_from_module_counts_a_meta_module_by_its_shapes() -> None:
+    from offload_core.model.demo import DemoDiT
+    from offload_core.planner.network_module import network_from_module
+
+    with torch.device("meta"):
+        model = DemoDiT(64, 1, 3, 6)
+    net = network_from_module(model, "demo", "model", reads_per_prompt=4)
+    assert net.held_bytes == 0 and net.longest_list == 6 and len(net.block_bytes) == 9
+    assert net.nbytes == sum(p.numel() * 4 for p in model.parameters())
+    assert 0 < net.outside_bytes < net.nbytes
+    real = network_from_module(
+        torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(4, 4))] * 1), "x", "model"
+    )
+    assert real.held_bytes == real.nbytes and real.block_bytes == ()
+
+
+def test_the_panels_test_model_is_planned_without_building_it(tmp_path: Path) -> None:
+    from offload_core.tools.machine_plan import plan_test_model
+
+    with bytes_read() as n:
+        plan = plan_test_model(
+            2.0, onload_device="cpu", disk_path=str(tmp_path), vram_budget=None, ram_budget=GIB
+        )
+    (c,) = plan.choices
+    assert n[0] < 1 << 20  # nothing built, nothing read but /proc and the folder's speed file
+    assert c.network.nbytes > 1.8 * GIB and c.tier == "disk"  # 1 GiB of RAM budget
+    assert c.reason.startswith("disk: ") and "(assumed)" in c.reason
