@@ -41,6 +41,15 @@ def network_in_hand(module: Any, name: str, kind: Kind) -> NetworkFacts:
     return network_from_module(module, name, kind)
 
 
+def _held(in_hand: Callable[[], NetworkFacts]) -> int:
+    """The bytes the node's network already holds in RAM (0 where it holds none: a network
+    waiting in its file, or an input with no network)."""
+    try:
+        return in_hand().held_bytes
+    except NodeInputError:
+        return 0
+
+
 def planned_widgets(
     hidden: Any,
     widgets: dict[str, Any],
@@ -54,9 +63,15 @@ def planned_widgets(
     choice = None
     try:
         if isinstance(prompt, dict) and node_id is not None:
-            planned = graph_plan.plan_once(prompt, default_folder=default_folder, budgets=budgets())
+            node = str(node_id).split(".")[0]
+            planned = graph_plan.plan_once(
+                prompt,
+                held=lambda: {node: _held(in_hand)},
+                default_folder=default_folder,
+                budgets=budgets(),
+            )
             planned.plan.check()
-            choice = planned.choice_for(str(node_id).split(".")[0])
+            choice = planned.choice_for(node)
         if choice is None and any(is_auto(widgets.get(k)) for k in AUTO_WIDGETS):
             net = in_hand()
             net = replace(net, wish=wish_of_widgets(widgets))

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import comfy.model_management as mm
@@ -99,8 +99,6 @@ def _record_disk_speeds() -> None:
 
 def host_machine(disk_folder: str | None, budgets: tuple[int | None, int | None]) -> MachineFacts:
     """This machine as core counts it; ``budgets``: the user's (VRAM, RAM) caps."""
-    from dataclasses import replace
-
     _record_disk_speeds()
     device = mm.get_torch_device()
     vram = None if device.type == "cpu" else int(mm.get_free_memory(device))
@@ -140,30 +138,42 @@ def plan_prompt(
     default_folder: str,
     budgets: tuple[int | None, int | None] = (None, None),
     panel_wish: Callable[[], Wish] | None = None,
+    held: dict[str, int] | None = None,
 ) -> PromptPlan:
     """Plans every network ``prompt`` loads (headers only). ``panel_wish``: the Ferry panel's
-    saved settings, for a node with use_panel_settings on."""
+    saved settings, for a node with use_panel_settings on. ``held``: Ferry node id -> the
+    bytes its network already holds in RAM (a core loader read it whole): laying it out
+    moves them, and the process's RAM now already counts them."""
 
     def wish_of(inputs: dict[str, Any]) -> Wish:
         if inputs.get("use_panel_settings") and panel_wish is not None:
             return panel_wish()
         return wish_from_widgets(inputs)
 
-    networks = prompt_networks(prompt, _find, _cast, wish_of)
+    held = held or {}
+    networks = [
+        replace(n, facts=replace(n.facts, held_bytes=held.get(n.ferry_id or "", 0)))
+        for n in prompt_networks(prompt, _find, _cast, wish_of)
+    ]
     machine = host_machine(_disk_folder(prompt, default_folder), budgets)
-    plan = plan_graph(machine, [n.facts for n in networks], process_ram=process_memory().rss)
+    process = max(0, process_memory().rss - sum(n.facts.held_bytes for n in networks))
+    plan = plan_graph(machine, [n.facts for n in networks], process_ram=process)
     return PromptPlan(tuple(networks), plan)
 
 
 _last: dict[str, Any] = {"key": None, "plan": None}
 
 
-def plan_once(prompt: dict[str, Any], **kw: Any) -> PromptPlan:
+def plan_once(
+    prompt: dict[str, Any], held: Callable[[], dict[str, int]] | None = None, **kw: Any
+) -> PromptPlan:
     """``plan_prompt``, once per prompt: every Ferry node of one prompt gets its choice from
-    the same plan (the machine changes as the first network is laid out)."""
+    the same plan (the machine changes as the first network is laid out). ``held`` is asked
+    only when planning: the first node tells what its own network holds in RAM."""
     key = json.dumps(prompt, sort_keys=True, default=str) + repr(sorted(kw.items()))
     if _last["key"] != key:
-        _last["plan"], _last["key"] = plan_prompt(prompt, **kw), key
+        _last["plan"] = plan_prompt(prompt, held=held() if held else None, **kw)
+        _last["key"] = key
         for n, c in zip(_last["plan"].networks, _last["plan"].plan.choices):
             log.info(
                 "ferry plan: %s (%s): %s", c.network.title, n.ferry_id or "no Ferry node", c.reason
