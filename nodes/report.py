@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..offload_core.offload_kind import OffloadKind
+from ..offload_core.planner import notes as plan_notes
 from ..offload_core.runtime.memory import DeviceMemory, ProcessMemory
 from ..offload_core.units import GB, fmt_bytes
-from . import plan_notes, prompt_reads
+from . import prompt_reads
 
 
 def _gbps(v: float | None) -> str:

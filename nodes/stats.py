@@ -8,8 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..offload_core.planner import notes as plan_notes
 from ..offload_core.tools.monitor import OffloadSample, Sample
-from . import plan_notes, prompt_reads
+from . import prompt_reads
 
 EVENT = "ferry.stats"
 

@@ -16,7 +16,6 @@ from tests.conftest import PACK_NAME, REPO
 
 PURE_MODULES = (
     "config", "binding", "dynamic", "stats", "report", "api", "pusher", "prompt_networks",
-    "plan_notes",
 )  # fmt: skip
 COMFY_MODULES = (
     "extension",

@@ -1,5 +1,5 @@
 """The pre-flight and budget routes' logic (nodes/api.py), the per-prompt disk reads and the
-planner's sentence on each stats line (nodes/stats.py, prompt_reads.py, plan_notes.py)."""
+planner's sentence on each stats line (nodes/stats.py, prompt_reads.py, planner/notes.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ load_pack()
 api = importlib.import_module(f"{PACK_NAME}.nodes.api")
 stats = importlib.import_module(f"{PACK_NAME}.nodes.stats")
 report = importlib.import_module(f"{PACK_NAME}.nodes.report")
-plan_notes = importlib.import_module(f"{PACK_NAME}.nodes.plan_notes")
+plan_notes = importlib.import_module(f"{PACK_NAME}.offload_core.planner.notes")
 prompt_reads = importlib.import_module(f"{PACK_NAME}.nodes.prompt_reads")
 errors = importlib.import_module(f"{PACK_NAME}.offload_core.errors")
 monitor = importlib.import_module(f"{PACK_NAME}.offload_core.tools.monitor")
