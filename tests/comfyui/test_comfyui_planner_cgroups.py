@@ -26,7 +26,15 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import comfy_checkout, limited_server, make_base, run_maker, start_server, stop_server
+from conftest import (
+    HAS_AIMDO,
+    comfy_checkout,
+    limited_server,
+    make_base,
+    run_maker,
+    start_server,
+    stop_server,
+)
 from ferry_workflows import Client, error_message
 from test_comfyui_bigger_than_ram import RssAnonPeak
 from whole_graph import FERRY_AUTO, PLAIN, T5_LAYERS, outputs, whole_graph
@@ -102,6 +110,13 @@ def reference(graph_base: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_auto_in_a_cgroup(graph_base: Path, reference: dict[str, torch.Tensor], case: Case) -> None:
+    if case.core_loader and not HAS_AIMDO:
+        # Measured on v0.3.64: killed in 4.5 GiB; in 9 GiB the server's RssAnon peaked at
+        # 6.83 GiB against the 5.6 GiB planned. The plan does not count what core's UNETLoader
+        # holds on top while it loads there (facts.md: 2.1x the file); v0.33 loads lazily.
+        pytest.skip(
+            "this core's UNETLoader peaks above the plan: not modelled (docs/benchmarks.md)"
+        )
     g = auto_graph(case)
     with limited_server(graph_base, case.limit, f"ferry-37-{case.name}") as (srv, group):
         client = Client(srv.url)
