@@ -190,6 +190,8 @@ def _choose(
     elif vram is not None:
         resident = min(net.nbytes - s.group_bytes, max(0, vram - s.slot_bytes))
     working = _working(replace(net, wish=replace(net.wish, tier=tier)), machine, s)
+    # A GPU's resident share still counts in its host tier: when the host unloads the network
+    # to make room for the next one, it goes back there.
     reason = _tier_clause(i, nets, machine, sp, room)
     device = "GPU" if machine.on_gpu else "onload device (the VRAM budget)"
     if resident == net.nbytes:
