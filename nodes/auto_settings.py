@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..offload_core import ConfigError
-from ..offload_core.planner import Choice, NetworkFacts, plan_graph
+from ..offload_core.planner import Choice, NetworkFacts, Wish, plan_graph
 from ..offload_core.planner import notes as plan_notes
 from ..offload_core.planner.facts import Kind
 from ..offload_core.planner.network_module import network_from_module
@@ -35,6 +35,17 @@ def budgets() -> tuple[int | None, int | None]:
     except ConfigError:
         return (None, None)  # a broken file is the panel's to report; plan without caps
     return (s.vram_budget, s.ram_budget)
+
+
+def panel_wish() -> Wish:
+    """What a node with use_panel_settings on asks for: the saved policy, every setting set
+    (a broken file asks for nothing; the node itself reports it, naming use_panel_settings)."""
+    try:
+        policy = load_settings().policy
+    except ConfigError:
+        return Wish()
+    blocks = policy.to_dict()["blocks_per_group"]
+    return Wish(policy.tier_name, blocks, policy.prefetch_depth)
 
 
 def network_in_hand(module: Any, name: str, kind: Kind) -> NetworkFacts:
@@ -70,6 +81,7 @@ def planned_widgets(
                 held=lambda: {node: _held(in_hand)},
                 default_folder=default_folder,
                 budgets=budgets(),
+                panel_wish=panel_wish(),
             )
             planned.plan.check()
             choice = planned.choice_for(node)

@@ -137,7 +137,7 @@ def plan_prompt(
     *,
     default_folder: str,
     budgets: tuple[int | None, int | None] = (None, None),
-    panel_wish: Callable[[], Wish] | None = None,
+    panel_wish: Wish | None = None,
     held: dict[str, int] | None = None,
 ) -> PromptPlan:
     """Plans every network ``prompt`` loads (headers only). ``panel_wish``: the Ferry panel's
@@ -147,7 +147,7 @@ def plan_prompt(
 
     def wish_of(inputs: dict[str, Any]) -> Wish:
         if inputs.get("use_panel_settings") and panel_wish is not None:
-            return panel_wish()
+            return panel_wish
         return wish_from_widgets(inputs)
 
     held = held or {}

@@ -42,11 +42,14 @@ def _is_busy() -> bool:
 
 
 def _plan_prompt(prompt: dict[str, Any]) -> dict[str, Any]:
-    from .auto_settings import budgets
+    from .auto_settings import budgets, panel_wish
     from .graph_plan import plan_prompt
     from .offload_node import default_disk_path
 
-    return plan_prompt(prompt, default_folder=default_disk_path(), budgets=budgets()).as_dict()
+    plan = plan_prompt(
+        prompt, default_folder=default_disk_path(), budgets=budgets(), panel_wish=panel_wish()
+    )
+    return plan.as_dict()
 
 
 def _register_planner(routes: web.RouteTableDef) -> None:
