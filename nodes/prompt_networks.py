@@ -25,30 +25,47 @@ class Loader:
     kind: Kind
     folder: str
     files: tuple[str, ...]  # the inputs naming a file, in order
+    #: Where this network's tensors are in the file: the first prefix that has any (a
+    #: checkpoint holds three networks, each under its own prefix, which differ by family).
+    prefixes: tuple[str, ...] = ("",)
 
 
-#: The loaders whose files the planner reads: core's, Ferry's and ComfyUI-GGUF's.
-LOADERS: Mapping[str, Loader] = {
-    "UNETLoader": Loader("model", "diffusion_models", ("unet_name",)),
-    "FerryLoadDiffusionModelQuantized": Loader("model", "diffusion_models", ("unet_name",)),
-    "UnetLoaderGGUF": Loader("model", "unet", ("unet_name",)),
-    "UnetLoaderGGUFAdvanced": Loader("model", "unet", ("unet_name",)),
-    "CLIPLoader": Loader("text_encoder", "text_encoders", ("clip_name",)),
-    "FerryLoadTextEncoder": Loader("text_encoder", "text_encoders", ("clip_name",)),
-    "DualCLIPLoader": Loader("text_encoder", "text_encoders", ("clip_name1", "clip_name2")),
-    "FerryLoadTextEncoderDual": Loader(
-        "text_encoder", "text_encoders", ("clip_name1", "clip_name2")
+def _one(kind: Kind, folder: str, *files: str) -> tuple[Loader, ...]:
+    return (Loader(kind, folder, files),)
+
+
+#: Checkpoint loaders: the diffusion model, the text encoders and the VAE in one file.
+_CHECKPOINT = (
+    Loader("model", "checkpoints", ("ckpt_name",), ("model.diffusion_model.",)),
+    Loader("text_encoder", "checkpoints", ("ckpt_name",),
+           ("conditioner.embedders.", "cond_stage_model.", "text_encoders.")),
+    Loader("vae", "checkpoints", ("ckpt_name",), ("first_stage_model.", "vae.")),
+)  # fmt: skip
+#: The loaders whose files the planner reads (core's, Ferry's, ComfyUI-GGUF's): the networks
+#: each one's outputs carry.
+LOADERS: Mapping[str, tuple[Loader, ...]] = {
+    "UNETLoader": _one("model", "diffusion_models", "unet_name"),
+    "FerryLoadDiffusionModelQuantized": _one("model", "diffusion_models", "unet_name"),
+    "UnetLoaderGGUF": _one("model", "unet", "unet_name"),
+    "UnetLoaderGGUFAdvanced": _one("model", "unet", "unet_name"),
+    "CheckpointLoaderSimple": _CHECKPOINT,
+    "CLIPLoader": _one("text_encoder", "text_encoders", "clip_name"),
+    "FerryLoadTextEncoder": _one("text_encoder", "text_encoders", "clip_name"),
+    "DualCLIPLoader": _one("text_encoder", "text_encoders", "clip_name1", "clip_name2"),
+    "FerryLoadTextEncoderDual": _one("text_encoder", "text_encoders", "clip_name1", "clip_name2"),
+    "TripleCLIPLoader": _one(
+        "text_encoder", "text_encoders", "clip_name1", "clip_name2", "clip_name3"
     ),
-    "TripleCLIPLoader": Loader(
-        "text_encoder", "text_encoders", ("clip_name1", "clip_name2", "clip_name3")
-    ),
-    "CLIPLoaderGGUF": Loader("text_encoder", "clip", ("clip_name",)),
-    "DualCLIPLoaderGGUF": Loader("text_encoder", "clip", ("clip_name1", "clip_name2")),
+    "CLIPLoaderGGUF": _one("text_encoder", "clip", "clip_name"),
+    "DualCLIPLoaderGGUF": _one("text_encoder", "clip", "clip_name1", "clip_name2"),
     # Listed for its RAM: the plan's peak counts it (no Ferry node offloads a VAE).
-    "VAELoader": Loader("vae", "vae", ("vae_name",)),
+    "VAELoader": _one("vae", "vae", "vae_name"),
 }
-#: Ferry's offload nodes, and the input its network comes in on.
-FERRY_NODES: Mapping[str, str] = {"FerryOffloadModel": "model", "FerryOffloadTextEncoder": "clip"}
+#: Ferry's offload nodes: the input its network comes in on, and what that network is.
+FERRY_NODES: Mapping[str, tuple[str, Kind]] = {
+    "FerryOffloadModel": ("model", "model"),
+    "FerryOffloadTextEncoder": ("clip", "text_encoder"),
+}
 #: Samplers whose steps say how often a prompt reads the diffusion model.
 SAMPLERS = ("KSampler", "KSamplerAdvanced")
 DEFAULT_STEPS = 20
@@ -109,8 +126,22 @@ WEIGHT_DTYPES = {
 }
 
 
-def _facts(loader_id: str, node: dict[str, Any], find: Find, cast: Cast) -> NetworkFacts:
-    spec = LOADERS[node["class_type"]]
+def _part(path: str, spec: Loader, name: str, rule: Any, widget: str) -> NetworkFacts | None:
+    """The network ``spec`` finds in ``path`` under its first prefix that has tensors."""
+    for prefix in spec.prefixes:
+        facts = network_from_file(
+            path, name=name, kind=spec.kind, prefix=prefix, cast=rule, setting=widget
+        )
+        if facts.nbytes:
+            return facts
+    return None
+
+
+def _facts(
+    loader_id: str, node: dict[str, Any], spec: Loader, find: Find, cast: Cast
+) -> NetworkFacts | None:
+    """The network ``spec`` reads from the loader node's files (None: none of its tensors
+    are there, e.g. a checkpoint without a VAE)."""
     rule = WEIGHT_DTYPES.get(node.get("inputs", {}).get("weight_dtype")) or cast(spec.kind)
     parts = []
     for widget in spec.files:
@@ -119,10 +150,13 @@ def _facts(loader_id: str, node: dict[str, Any], find: Find, cast: Cast) -> Netw
         if path is None:
             raise ConfigError(widget, f"{name!r} is not in models/{spec.folder} (node {loader_id})")
         stem = os.path.splitext(os.path.basename(name))[0]  # type: ignore[arg-type]
-        parts.append(network_from_file(path, name=stem, kind=spec.kind, cast=rule, setting=widget))
-    first = parts[0]
+        part = _part(path, spec, stem, rule, widget)
+        if part is not None:
+            parts.append(part)
+    if not parts:
+        return None
     return replace(
-        first,
+        parts[0],
         name=" + ".join(p.name for p in parts),
         nbytes=sum(p.nbytes for p in parts),
         block_bytes=tuple(b for p in parts for b in p.block_bytes),
@@ -140,22 +174,29 @@ def prompt_networks(
         raise ConfigError(
             "prompt", "send the workflow in API format: {node id: {class_type, inputs}}"
         )
-    ferry_of: dict[str, str] = {}
+    ferry_of: dict[tuple[str, str], str] = {}
     for node_id, node in prompt.items():
-        key = FERRY_NODES.get(node.get("class_type", "")) if isinstance(node, dict) else None
+        key, kind = (
+            FERRY_NODES.get(node.get("class_type", ""), ("", ""))
+            if isinstance(node, dict)
+            else ("", "")
+        )
         loader = _upstream_loader(prompt, node_id, key) if key else None
         if loader is not None:
-            ferry_of.setdefault(loader, node_id)
+            ferry_of.setdefault((loader, kind), node_id)
     steps = reads_per_prompt(prompt)
     out = []
     for loader_id, node in prompt.items():
-        if not isinstance(node, dict) or node.get("class_type") not in LOADERS:
-            continue
-        facts = _facts(loader_id, node, find, cast)
-        ferry_id = ferry_of.get(loader_id)
-        wish = wish_of(prompt[ferry_id].get("inputs", {})) if ferry_id else Wish()
-        reads = steps if facts.kind == "model" else 1.0
-        facts = replace(facts, wish=wish, ferry=ferry_id is not None, reads_per_prompt=reads)
-        out.append(PromptNetwork(loader_id, ferry_id, tuple(facts.file.split(" + ")), facts))  # type: ignore[union-attr]
+        specs = LOADERS.get(node.get("class_type", "")) if isinstance(node, dict) else None
+        for spec in specs or ():
+            facts = _facts(loader_id, node, spec, find, cast)
+            if facts is None:
+                continue
+            ferry_id = ferry_of.get((loader_id, spec.kind))
+            wish = wish_of(prompt[ferry_id].get("inputs", {})) if ferry_id else Wish()
+            reads = steps if facts.kind == "model" else 1.0
+            facts = replace(facts, wish=wish, ferry=ferry_id is not None, reads_per_prompt=reads)
+            files = tuple((facts.file or "").split(" + "))
+            out.append(PromptNetwork(loader_id, ferry_id, files, facts))
     order = {"model": 0, "text_encoder": 1, "vae": 2}
     return sorted(out, key=lambda n: (order[n.facts.kind], n.loader_id))

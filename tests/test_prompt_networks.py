@@ -4,6 +4,7 @@ files' headers alone, planned together (the pre-flight's and the "auto" widgets'
 from __future__ import annotations
 
 import importlib
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -194,3 +195,33 @@ def test_a_loaders_weight_dtype_is_how_it_loads(files: Path) -> None:
     high = next(n for n in networks(files, prompt) if n.loader_id == "1").facts
     assert not low.in_place and high.in_place  # converted: the disk tier must write it
     assert low.nbytes < high.nbytes * 0.6  # 8-bit weights, float32 norms
+
+
+@pytest.mark.parametrize("te_prefix", ["conditioner.embedders.", "cond_stage_model."])
+def test_a_checkpoint_is_three_networks(files: Path, te_prefix: str) -> None:
+    tensors = {
+        **dit_tensors(6, 256, prefix="model.diffusion_model."),
+        **te_tensors(4, 64, f"{te_prefix}0.transformer.text_model.encoder"),
+        "first_stage_model.decoder.conv_in.weight": ("F32", (128, 4, 3, 3)),
+    }
+    sparse_safetensors(files / "sdxl.safetensors", tensors)
+    prompt = {
+        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sdxl.safetensors"}},
+        "2": ferry("FerryOffloadModel", ["1", 0]),
+        "3": ferry("FerryOffloadTextEncoder", ["1", 1], tier="ram"),
+        "4": {"class_type": "KSampler", "inputs": {"model": ["2", 0], "steps": 5, "cfg": 7.0}},
+    }
+    nets = {n.facts.kind: n for n in networks(files, prompt)}
+    assert set(nets) == {"model", "text_encoder", "vae"}
+    assert (nets["model"].ferry_id, nets["text_encoder"].ferry_id, nets["vae"].ferry_id) == (
+        "2", "3", None,
+    )  # fmt: skip
+    assert len(nets["model"].facts.block_bytes) == 6 and nets["model"].facts.reads_per_prompt == 10
+    assert len(nets["text_encoder"].facts.block_bytes) == 4
+    assert nets["text_encoder"].facts.wish == planner.Wish(tier="ram")
+    assert nets["vae"].facts.nbytes == 128 * 4 * 9 * 4
+    total = sum(n.facts.nbytes for n in nets.values())
+    assert total == sum(  # every tensor of the file in exactly one network
+        4 * math.prod(shape) if dtype == "F32" else 2 * math.prod(shape)
+        for dtype, shape in tensors.values()
+    )
