@@ -31,9 +31,10 @@ import comfy.utils
 import torch
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ..offload_core import ApiUseError, ConfigError
+from ..offload_core import ApiUseError, ConfigError, Ending
 from ..offload_core.model.layout import module_nbytes
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights
+from ..seam.family import last_of_family
 from ..seam.patcher_class import FerryClones, with_ferry
 from . import comfy_core
 from . import compile as block_compile
@@ -67,11 +68,11 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
         b.count_pinned = comfy_core.count_pinned
         return b
 
-    def _ferry_release(self) -> bool:
+    def _ferry_release(self, ending: Ending = Ending.RESTORE) -> bool:
         if self._ferry_network_of(self.model) is None:
             return False
         try:
-            return self._ferry_binding().release()
+            return self._ferry_binding().release(ending)
         except ModelReloadError:
             if in_prompt():
                 raise  # the node error says what happened and that the model reloads
@@ -274,9 +275,18 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
         if not unpatch_all and self._ferry_collected and isinstance(self.parent, HeldByFerry):
             return super().detach(unpatch_all)  # type: ignore[misc]
         release = unpatch_all or self._ferry_release_on_detach()
-        if release and self._ferry_release():
+        if release and self._ferry_release(self._ferry_ending(unpatch_all)):
             self.model.model_loaded_weight_memory = 0
         return super().detach(unpatch_all)  # type: ignore[misc]
+
+    def _ferry_ending(self, unpatch_all: bool) -> Ending:
+        """DISCARD where this patcher is being collected and was the last of its family, so
+        nothing can load the network again ([Note: the last of a family], seam/family.py):
+        Ferry's copies are dropped unread. Any other release gives the weights back (an
+        unload keeps the model in ComfyUI's cache; a plain clone may load it next)."""
+        if self._ferry_collected and not unpatch_all and last_of_family(self):
+            return Ending.DISCARD
+        return Ending.RESTORE
 
     def __del__(self) -> None:
         self._ferry_collected = True

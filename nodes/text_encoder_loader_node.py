@@ -55,7 +55,7 @@ class FerryLoadTextEncoder(io.ComfyNode):
             category="Ferry",
             description=DESCRIPTION.format(core="Load CLIP (CLIPLoader)"),
             inputs=_inputs("CLIPLoader", ["clip_name"]),
-            outputs=[io.Clip.Output()],
+            outputs=[io.Clip.Output(tooltip="The text encoder (CLIP).")],
         )
 
     @classmethod
@@ -72,7 +72,7 @@ class FerryLoadTextEncoderDual(io.ComfyNode):
             category="Ferry",
             description=DESCRIPTION.format(core="DualCLIPLoader"),
             inputs=_inputs("DualCLIPLoader", ["clip_name1", "clip_name2"]),
-            outputs=[io.Clip.Output()],
+            outputs=[io.Clip.Output(tooltip="The text encoder (CLIP).")],
         )
 
     @classmethod

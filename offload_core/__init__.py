@@ -12,6 +12,7 @@ Importing this package starts no thread, opens no file and does not initialise C
 """
 
 from .api import OffloadHandle, apply_offload, find_offload
+from .ending import Ending
 from .errors import (
     AlreadyOffloadedError,
     ApiUseError,
@@ -61,6 +62,7 @@ __all__ = [
     "DeviceMemory",
     "DiskPathError",
     "DiskTier",
+    "Ending",
     "FerryError",
     "GroupingError",
     "InferenceOnlyError",

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from . import registry
+from .ending import Ending, parse_ending
 from .model.plan import OffloadPlan, plan_offload
 from .offload_kind import OffloadKind, parse_kind
 from .policy import DiskTier, OffloadPolicy, parse_whole_number
@@ -100,8 +101,13 @@ class OffloadHandle:
         with self._engine.one_pass():
             yield
 
-    def remove(self) -> None:
-        """Puts every parameter back where and as it was and deletes the files Ferry wrote."""
+    def remove(self, ending: Ending | str = Ending.RESTORE) -> None:
+        """Ends the offload and deletes the files Ferry wrote. ``ending`` says why
+        ([Note: release by kind of ending] in ending.py): ``RESTORE`` (the default) puts every
+        parameter back where and as it was, group by group; ``DISCARD``, for a network that is
+        being thrown away, drops Ferry's copies without reading anything back (its group
+        tensors are left on the meta device)."""
+        ending = parse_ending(ending)
         with self._lock:
             if self.removed:
                 return
@@ -112,10 +118,16 @@ class OffloadHandle:
             try:
                 if self._engine is not None:
                     engine, self._engine = self._engine, None
-                    engine.uninstall()
+                    try:
+                        engine.uninstall()
+                    finally:
+                        del engine  # it lists the groups: they go one by one below
             finally:
                 try:
-                    self._placement.restore_all()
+                    if ending is Ending.DISCARD:
+                        self._placement.drop_all()
+                    else:
+                        self._placement.restore_all()
                 finally:
                     release_freed_memory()
                     if not self._placement.runtimes:

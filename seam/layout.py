@@ -22,6 +22,7 @@ the owner is gone, releases it.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
@@ -32,6 +33,7 @@ from torch import nn
 
 from ..offload_core import (
     CheckpointWeights,
+    Ending,
     OffloadHandle,
     apply_offload,
     find_offload,
@@ -43,6 +45,7 @@ from ..offload_core.policy import AUTO, OffloadPolicy
 from .offload import HeldOffload
 from .plans import Plans
 
+log = logging.getLogger("ferry")
 Progress = Callable[[int, int], None]
 FreeVram = Callable[[torch.device], "int | None"]
 L = TypeVar("L", bound="LiveLayout")
@@ -218,15 +221,18 @@ class LiveLayout:
         self.laid_out(True)
         return True
 
-    def release(self) -> bool:
-        """Removes the layout: every parameter back as it was, Ferry's files deleted."""
+    def release(self, ending: Ending = Ending.RESTORE) -> bool:
+        """Removes the layout and deletes Ferry's files. ``ending`` (offload_core/ending.py,
+        [Note: release by kind of ending]): RESTORE when the host goes on using the network
+        (every parameter back as it was, group by group), DISCARD when the host has dropped
+        every object that could use it (Ferry's copies dropped, nothing read back)."""
         self.loading = None
         handle = self.handle
         if handle is None or handle.removed:
             self.handle, self.key = None, None
             return False
         try:
-            handle.remove()  # never stops half-way
+            handle.remove(ending)  # never stops half-way
         except WeightsLostError as e:  # their only copy was a damaged file
             raise self.weights_lost(e) from e
         finally:
@@ -235,6 +241,8 @@ class LiveLayout:
             if handle.removed:
                 self.handle, self.key, self._owner = None, None, None
                 self.released()
+        how = "discarded, nothing read back" if ending is Ending.DISCARD else "weights given back"
+        log.info("ferry: released %s (%s)", handle.name, how)
         return True
 
     def _let_go(self) -> None:

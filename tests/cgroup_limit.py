@@ -55,6 +55,10 @@ class MemoryGroup:
     def max_usage(self) -> int:
         return int((self.path / "memory.max_usage_in_bytes").read_text())
 
+    def reset_peak(self) -> None:
+        """Starts ``max_usage`` again from the usage now (a peak per step)."""
+        (self.path / "memory.max_usage_in_bytes").write_text("0")
+
     def remove(self) -> None:
         """After every process in it has exited."""
         self.path.rmdir()

@@ -3,8 +3,10 @@ playwright), without ComfyUI: the file is served as ComfyUI serves an extension,
 stand-ins of the two frontend modules it imports (``app`` and ``api``, with the calls it
 makes), and it is fed /ferry/stats payloads built by nodes/stats.py from real offloads (a
 diffusion model and a text encoder, tests/test_offload_lines.py's). Each offload is one card
-whose title says what it is, with where its weights are, GB/s and stall. The real server and
-frontend: tests/comfyui/test_comfyui_sidebar.py."""
+whose title says what it is, with where its weights are, GB/s and stall. Its words come from
+the pack's locales, served at /api/i18n as core serves them (tests/locales.py), in the
+language of the Comfy.Locale setting. The real server and frontend:
+tests/comfyui/test_comfyui_sidebar.py."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from tests import locales
 from tests.test_offload_lines import MODEL_NAME, TE_NAME, Graph, graph, monitor, stats
 
 pytestmark = pytest.mark.browser
@@ -42,7 +45,7 @@ export const app = {
   registerExtension(ext) { app.extensions.push(ext); },
   extensionManager: {
     registerSidebarTab(tab) { app.tabs.push(tab); },
-    setting: { get: () => undefined },
+    setting: { get: (id) => (window.ferrySettings || {})[id] },
   },
   // The workflow as the frontend queues it (ferry_plan.js sends its output to /ferry/plan).
   graphToPrompt: async () => ({ output: { "1": { class_type: "UNETLoader", inputs: {} } } }),
@@ -64,6 +67,7 @@ import { api } from "/scripts/api.js";
 await import("/extensions/ComfyUI-Ferry/ferry.js");
 for (const ext of app.extensions) ext.setup?.();
 app.tabs[0].render(document.getElementById("host"));
+window.ferryTabTooltip = app.tabs[0].tooltip;
 window.ferryApi = api;
 </script></body></html>"""
 
@@ -81,6 +85,7 @@ def site(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         shutil.copy(js, ext / js.name)
     (tmp_path / "index.html").write_text(PAGE)
     (tmp_path / "api" / "ferry").mkdir(parents=True)
+    (tmp_path / "api" / "i18n").write_text(json.dumps(locales.served()))
     handler = functools.partial(QuietHandler, directory=str(tmp_path))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -188,3 +193,29 @@ def test_plan_this_workflow_lists_each_network_and_why(site: tuple[str, Path]) -
     assert "text encoder t5 → disk" in text and "t5.safetensors, 2.45 GiB" in text
     assert reason in text and "fits: peak RAM 3.56 GiB" in text
     assert "predicted peak: RAM 3.56 GiB, disk 0 B" in text
+
+
+def test_the_sidebar_speaks_the_users_language(graph: Graph, site: tuple[str, Path]) -> None:
+    # Comfy.Locale zh: every label from locales/zh/main.json, the numbers as in English.
+    url, stats_file = site
+    stats_file.write_text(json.dumps(stats.stats_payload(None, monitor.read_offloads(), None)))
+    zh = locales.read("zh", "main.json")["ferry"]["sidebar"]
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30_000)
+            page.add_init_script("window.ferrySettings = {'Comfy.Locale': 'zh'}")
+            page.goto(url + "/index.html")
+            page.wait_for_function(
+                "() => document.querySelectorAll('#ferry-sidebar .ferry-card').length === 2"
+            )
+            text = page.inner_text("#ferry-sidebar")
+            tooltip = page.evaluate("() => window.ferryTabTooltip")
+        finally:
+            browser.close()
+    for key in ("memory", "bytesMoved", "openPanel", "levelTier", "forwards", "stall"):
+        assert zh[key] in text, (key, text)
+    assert zh["weightsOn"].replace("{tier}", "disk") in text, text
+    assert "bytes moved" not in text and "Open Ferry panel" not in text
+    assert tooltip == zh["tooltip"]

@@ -32,10 +32,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..offload_core import ConfigError, FerryError
+from ..offload_core import ConfigError, Ending, FerryError
 from ..seam.patcher_class import FerryClones, with_ferry
 from .controls import ControlError, ForgeOffload, as_control_error
 from .layout import UnetLayout
+from .loaded import checkpoint_holds
 
 log = logging.getLogger("ferry")
 
@@ -105,12 +106,26 @@ class FerryPatcherMixin(FerryClones):
     def forge_unpatch_model(self, target_device: Any = None) -> None:
         layout = self._ferry_layout()
         release = target_device is not None or layout.should_release_on_detach(self)
-        if release and layout.release():
-            print(f"Ferry: released {self.ferry_offload.name if self.ferry_offload else 'unet'}")
-        if not layout.live:
+        ending = self._ferry_ending(target_device)
+        discarded = False
+        if release and layout.release(ending):
+            discarded = ending is Ending.DISCARD
+            name = self.ferry_offload.name if self.ferry_offload else "unet"
+            verb = "discarded (nothing read back)" if discarded else "released"
+            print(f"Ferry: {verb} {name}")
+        if not layout.live and not discarded:
             super().forge_unpatch_model(target_device)  # type: ignore[misc]
             return
-        super().forge_unpatch_model(None)  # type: ignore[misc]  # object patches only
+        # Object patches only: a live layout's weights are Ferry's, a discarded one's are on
+        # meta (nothing to move: the network is being thrown away).
+        super().forge_unpatch_model(None)  # type: ignore[misc]
+
+    def _ferry_ending(self, target_device: Any) -> Ending:
+        """DISCARD for a full unload of a network no loaded checkpoint holds (a checkpoint
+        switch: webui/loaded.py), so Ferry's copies are dropped unread; RESTORE otherwise."""
+        if target_device is not None and not checkpoint_holds(self.model):
+            return Ending.DISCARD
+        return Ending.RESTORE
 
     def refresh_loras(self) -> None:
         # LoadedModel.model_load calls this after forge_patch_model, which merged this

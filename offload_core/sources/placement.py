@@ -30,7 +30,7 @@ from ..model.layout import Entry
 from ..model.plan import OffloadPlan
 from ..policy import DiskTier, PinnedRamTier, Tier
 from ..runtime.group import GroupRuntime
-from ..runtime.memory import system_available_ram
+from ..runtime.memory import system_available_ram, trim_heap
 from ..transfer.backend import Backend
 from ..units import fmt_bytes
 from .kinds import Made, Placed, make_source
@@ -41,6 +41,10 @@ log = logging.getLogger("ferry")
 Progress = Callable[[int, int], None]
 #: A group file's header, beside its data, when sizing the disk tier's folder.
 HEADER_ALLOWANCE = 65536
+#: While laying out, the C heap is trimmed each time this many bytes of the model's own
+#: tensors were let go (see ``Placement.build``): a trim costs about 0.2 ms, so at most one
+#: per 16 MiB moved is noise beside the copy.
+TRIM_EVERY = 16 << 20
 META = torch.device("meta")
 
 
@@ -84,10 +88,20 @@ class Placement:
                 if isinstance(self.tier, DiskTier):
                     self._open_disk(self.tier)
                 scratch: torch.Tensor | None = None
+                let_go = 0
                 for i, (spec, gp) in enumerate(zip(groups, plan.groups)):
                     if isinstance(self.tier, DiskTier) and not gp.resident and scratch is None:
                         scratch = torch.empty(plan.slot_bytes, dtype=torch.uint8)
                     self.runtimes.append(self._place(spec, gp.resident, scratch))
+                    # The group's original tensors are free now. Those below glibc's mmap
+                    # threshold (it rises to 32 MB: most weights of a model restored from an
+                    # earlier layout) stay in the heap, where the next groups' slabs (mapped
+                    # anew) do not reuse them: without a trim a re-layout from the disk tier
+                    # held the network twice (tests/comfyui/test_comfyui_relayout_cgroup.py).
+                    let_go += spec.nbytes
+                    if let_go >= TRIM_EVERY:
+                        trim_heap()
+                        let_go = 0
                     if progress is not None:
                         progress(i + 1, len(groups))
                 self._move_outside()
@@ -232,9 +246,14 @@ class Placement:
         return plan
 
     # -- remove / roll back ------------------------------------------------------------------
+    # [Note: release by kind of ending] in ending.py: restore_all gives the weights back group
+    # by group, drop_all drops Ferry's copies without reading them.
     def restore_all(self) -> None:
         """Every tensor back on its original device, as a fresh ordinary tensor (a tensor
         whose home is its checkpoint back on the meta device, read from nowhere).
+
+        Group by group: a group's copy (its slab, its file's descriptors) is let go as soon as
+        its tensors hold their own bytes again, so the model is never twice in memory.
 
         Only damage loses a group: a group whose only copy is a file whose bytes are wrong
         (``CorruptGroupFileError``) goes to the meta device. Any other error (the platform
@@ -246,7 +265,17 @@ class Placement:
         lost: list[GroupRuntime | ResidentGroup] = []
         kept: list[GroupRuntime | ResidentGroup] = []
         failed: BaseException | None = None
-        for rt in self.runtimes:
+        # Taken off the list one at a time: a restored group is then held by nothing, and its
+        # copy is freed before the next group's fresh tensors are made.
+        todo, self.runtimes = self.runtimes, kept
+        todo.reverse()
+        let_go = 0
+        while todo:
+            rt = todo.pop()
+            let_go += rt.spec.nbytes
+            if let_go >= TRIM_EVERY:  # the copies and read buffers freed so far (see build)
+                trim_heap()
+                let_go = 0
             try:
                 self._restore_group(rt)
             except CorruptGroupFileError as e:  # the file's bytes say so: nothing to read back
@@ -258,7 +287,7 @@ class Placement:
                 log.error("ferry: restoring group %s failed (kept, not dropped): %r", rt.name, e)
                 failed = failed or e
                 kept.append(rt)
-        self.runtimes[:] = kept
+            del rt
         if not kept:
             for m, attr, is_param, dev in reversed(self.outside_moved):
                 _move(m, attr, is_param, dev)
@@ -272,6 +301,19 @@ class Placement:
             raise RestoreIncompleteError([rt.name for rt in kept], failed) from failed
         if damage is not None:
             raise lost_error(lost, damage)
+
+    def drop_all(self) -> None:
+        """The network is being discarded: every group's copy is dropped without a read (its
+        tensors go to the meta device), its files deleted; the tensors outside the groups stay
+        where they are and go with the network. Never raises for a damaged file: nothing is
+        read."""
+        todo, self.runtimes = self.runtimes, []
+        while todo:
+            drop_group(todo.pop(), self.backend)
+        self.outside_moved.clear()
+        self.mappings.clear()
+        if self.store is not None:
+            self.store.delete()
 
     def _restore_group(self, rt: GroupRuntime | ResidentGroup) -> None:
         spec = rt.spec
@@ -336,8 +378,9 @@ def _move(m: nn.Module, attr: str, is_param: bool, dev: torch.device) -> None:
 
 
 def drop_group(rt: GroupRuntime | ResidentGroup, backend: Backend) -> None:
-    """A group whose bytes cannot be read back: its tensors go to the meta device (a model
-    that uses them fails loudly, never computes on garbage) and its source is closed."""
+    """A group whose bytes cannot be read back, or that nobody will read (a discarded
+    network): its tensors go to the meta device (a model that uses them fails loudly, never
+    computes on garbage) and its source is closed."""
     for e in rt.spec.entries:
         e.put(_meta_form(e))
     rt.host_forms = []

@@ -32,10 +32,11 @@ VAE_FILE = "ferry-graph-vae.safetensors"
 POOLED = 768 + 1280  # SD3's pooled width: CLIP-L's and CLIP-G's, zeros when only a T5 is loaded
 
 
-def t5_width(models_dir: str) -> int:
+def t5_width(models_dir: str, name: str = BIG_T5XXL_FILE) -> int:
+    """The width of the T5 text_encoders/``name`` (make_text_encoders.py's metadata)."""
     from safetensors import safe_open
 
-    path = os.path.join(models_dir, "text_encoders", BIG_T5XXL_FILE)
+    path = os.path.join(models_dir, "text_encoders", name)
     with safe_open(path, "pt") as f:
         meta = f.metadata() or {}
     return int(json.loads(meta[META_KEY])["t5xxl_model_config"]["d_model"])
@@ -63,19 +64,24 @@ def main(comfy_dir: str, models_dir: str, depth: int) -> None:
     sys.path.insert(0, comfy_dir)
     sys.path.insert(0, str(REPO))
     import comfy.cli_args
+
+    comfy.cli_args.args.cpu = True
+    write_mmdit(models_dir, MODEL_FILE, depth, t5_width(models_dir), POOLED)
+    write_vae(models_dir)
+
+
+def write_mmdit(models_dir: str, name: str, depth: int, width: int, pooled: int) -> None:
+    """An SD3-shaped diffusion model (core's MMDiT, hidden 64 x ``depth``) taking a ``width``
+    wide text context and a ``pooled`` wide pooled vector, in diffusion_models/``name``."""
     import torch
+    from comfy.ldm.modules.diffusionmodules.mmdit import MMDiT
 
     from offload_core.formats.safetensors import write_file
 
-    comfy.cli_args.args.cpu = True
-    from comfy.ldm.models.autoencoder import AutoencodingEngine
-    from comfy.ldm.modules.diffusionmodules.mmdit import MMDiT
-
-    width = t5_width(models_dir)
     with torch.device("meta"):
         net = MMDiT(
             input_size=None, patch_size=2, in_channels=16, out_channels=16, depth=depth,
-            adm_in_channels=POOLED,
+            adm_in_channels=pooled,
             context_embedder_config={
                 "target": "torch.nn.Linear",
                 "params": {"in_features": width, "out_features": 64 * depth},
@@ -86,13 +92,20 @@ def main(comfy_dir: str, models_dir: str, depth: int) -> None:
     shapes = {k: tuple(v.shape) for k, v in net.state_dict().items()}
     dm = os.path.join(models_dir, "diffusion_models")
     os.makedirs(dm, exist_ok=True)
-    with open(os.path.join(dm, MODEL_FILE), "wb") as f:
+    with open(os.path.join(dm, name), "wb") as f:
         write_file(
             f, [(k, torch.float32, s) for k, s in shapes.items()], {}, _values(shapes, 0, False)
         )
-    print(
-        f"{MODEL_FILE}: depth {depth}, context {width}, {sum(map(math.prod, shapes.values()))} values"
-    )
+    print(f"{name}: depth {depth}, context {width}, {sum(map(math.prod, shapes.values()))} values")
+
+
+def write_vae(models_dir: str, name: str = VAE_FILE) -> None:
+    """An SD3-shaped VAE (16 latent channels, as Flux's ae.safetensors) in vae/``name``. Run
+    with ComfyUI's Python, ``comfy`` importable (main() or make_template_models.py set it up)."""
+    import torch
+    from comfy.ldm.models.autoencoder import AutoencodingEngine
+
+    from offload_core.formats.safetensors import write_file
 
     # What core's VAE() builds for a 16-channel "decoder.conv_in" without post_quant_conv.
     ddconfig = {
@@ -116,10 +129,10 @@ def main(comfy_dir: str, models_dir: str, depth: int) -> None:
         )
     shapes = {k: tuple(v.shape) for k, v in vae.state_dict().items()}
     os.makedirs(os.path.join(models_dir, "vae"), exist_ok=True)
-    with open(os.path.join(models_dir, "vae", VAE_FILE), "wb") as f:
+    with open(os.path.join(models_dir, "vae", name), "wb") as f:
         values = ((k, v.to(torch.float16)) for k, v in _values(shapes, 1, True))
         write_file(f, [(k, torch.float16, s) for k, s in shapes.items()], {}, values)
-    print(f"{VAE_FILE}: {sum(map(math.prod, shapes.values()))} values")
+    print(f"{name}: {sum(map(math.prod, shapes.values()))} values")
 
 
 if __name__ == "__main__":

@@ -167,11 +167,15 @@ def test_switching_ferry_off_gives_forge_its_path_back(
 
 
 def test_a_second_checkpoint(forge: Server, plain: dict[str, Image], tmp_path: Path) -> None:
-    """Switching checkpoints with Ferry on: A's layout is released (its folder removed) and B
-    is laid out; B is float16, cast to float32 by Forge, so its groups are written."""
+    """Switching checkpoints with Ferry on: A's layout is discarded, nothing read back (its
+    folder removed: issue 42) and B is laid out; B is float16, cast to float32 by Forge, so
+    its groups are written."""
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
     assert forge.forge.txt2img(ferry(tier="disk", disk=str(a_dir))).same_as(plain["A"])
+    log_at = len(forge.log.read_text(errors="replace"))
     img = forge.forge.txt2img(ferry(tier="disk", disk=str(b_dir)), ckpt=CKPT_B)
+    switched = forge.log.read_text(errors="replace")[log_at:]
+    assert "Ferry: discarded (nothing read back) ferry-sd15-a" in switched, switched[-3000:]
     assert img.same_as(plain["B"])
     (o,) = offloads(forge)
     assert o["name"] == "ferry-sd15-b"

@@ -3,6 +3,8 @@
 // stall time. Each line's title ("text encoder: t5xxl") comes from the server as it is shown. The server pushes `ferry.stats`
 // about once a second while anything is offloaded; otherwise the tab polls /ferry/stats.
 // Wiring (events, polling, settings) is kept apart from rendering (render* functions).
+// Every word shown goes through t(): the pack's locales/<lang>/main.json ("ferry.sidebar"),
+// settings.json and nodeDefs.json, which core serves merged at GET /i18n.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { planSection } from "./ferry_plan.js";
@@ -13,6 +15,45 @@ const SETTING_PORT = "Ferry.Panel.Port";
 const HISTORY = 60; // samples kept for the RAM/VRAM sparklines
 
 const state = { last: null, lastAt: 0, history: [], root: null, timer: null, status: "" };
+
+// -- words -----------------------------------------------------------------------------
+// The frontend offers extensions no t(), so the tab reads the same locale files the frontend
+// merges (core's GET /i18n) once, and picks the user's language (the Comfy.Locale setting,
+// else the browser's) on every render: a word missing there falls back to English, then to
+// its key.
+const MESSAGES = await loadMessages();
+
+async function loadMessages() {
+  try {
+    const r = await api.fetchApi("/i18n");
+    if (r.ok) return await r.json();
+  } catch (e) {
+    console.warn("Ferry: no translations from /i18n", e);
+  }
+  return {};
+}
+
+function locale() {
+  const chosen = app.extensionManager?.setting?.get?.("Comfy.Locale") || navigator.language || "en";
+  if (MESSAGES[chosen]) return chosen;
+  return String(chosen).split("-")[0];
+}
+
+function lookup(lang, path) {
+  return path.split(".").reduce((o, k) => (o && typeof o === "object" ? o[k] : undefined), MESSAGES[lang]);
+}
+
+function t(key, vars = {}) {
+  const path = `ferry.sidebar.${key}`;
+  const text = lookup(locale(), path) ?? lookup("en", path) ?? key;
+  return String(text).replace(/\{(\w+)\}/g, (m, name) => (name in vars ? String(vars[name]) : m));
+}
+
+function settingText(id, field) {
+  // settings.json, keyed as the frontend keys it (dots -> underscores); the frontend shows the
+  // user's language itself and falls back to this English text.
+  return lookup("en", `settings.${id.replace(/\./g, "_")}.${field}`) ?? id;
+}
 
 // -- formatting ------------------------------------------------------------------------
 function fmtBytes(n) {
@@ -71,21 +112,22 @@ function row(label, value) {
 }
 
 function renderMemory(s) {
-  const box = el("div", { class: "ferry-section" }, el("h4", {}, "Memory"));
+  const box = el("div", { class: "ferry-section" }, el("h4", {}, t("memory")));
   if (s.vram) {
-    const total = s.vram.total ? ` of ${fmtBytes(s.vram.total)}` : "";
-    box.append(row(`VRAM (${s.device})`, `${fmtBytes(s.vram.allocated)} allocated${total}`));
-    box.append(row("VRAM reserved", fmtBytes(s.vram.reserved)));
-    if (s.vram.device_used !== null) box.append(row("VRAM used (all processes)", fmtBytes(s.vram.device_used)));
+    const allocated = fmtBytes(s.vram.allocated);
+    const used = s.vram.total ? t("allocatedOf", { allocated, total: fmtBytes(s.vram.total) }) : t("allocated", { allocated });
+    box.append(row(t("vramDevice", { device: s.device }), used));
+    box.append(row(t("vramReserved"), fmtBytes(s.vram.reserved)));
+    if (s.vram.device_used !== null) box.append(row(t("vramUsedAll"), fmtBytes(s.vram.device_used)));
     box.append(sparkline(state.history.map((h) => h.vram || 0), s.vram.total));
   } else {
-    box.append(row("VRAM", `no accelerator (${s.device || "cpu"})`));
+    box.append(row(t("vram"), t("noAccelerator", { device: s.device || "cpu" })));
   }
   if (s.ram) {
-    box.append(row("RAM anon (process)", fmtBytes(s.ram.rss_anon)));
-    box.append(row("RAM file-backed", fmtBytes(s.ram.rss_file)));
-    box.append(row("RAM shared", fmtBytes(s.ram.rss_shmem)));
-    box.append(row("RAM available (system)", fmtBytes(s.ram.system_available)));
+    box.append(row(t("ramAnon"), fmtBytes(s.ram.rss_anon)));
+    box.append(row(t("ramFile"), fmtBytes(s.ram.rss_file)));
+    box.append(row(t("ramShared"), fmtBytes(s.ram.rss_shmem)));
+    box.append(row(t("ramAvailable"), fmtBytes(s.ram.system_available)));
     box.append(sparkline(state.history.map((h) => h.ram || 0)));
   }
   return box;
@@ -98,18 +140,18 @@ function renderOffload(o) {
     "div",
     what,
     el("div", { class: "ferry-name" }, o.title),
-    row("level / tier", `${o.level} / ${o.tier}`),
-    row("groups", `${o.groups} (${o.resident_groups} resident)`),
-    row("prefetch", String(o.prefetch_depth)),
+    row(t("levelTier"), `${o.level} / ${o.tier}`),
+    row(t("groups"), t("groupsValue", { groups: o.groups, resident: o.resident_groups })),
+    row(t("prefetch"), String(o.prefetch_depth)),
   );
-  for (const [tier, bytes] of Object.entries(o.tiers || {})) card.append(row(`weights on ${tier}`, fmtBytes(bytes)));
+  for (const [tier, bytes] of Object.entries(o.tiers || {})) card.append(row(t("weightsOn", { tier }), fmtBytes(bytes)));
   card.append(
-    row("bytes moved", fmtBytes(o.bytes_moved)),
-    row("host → device", fmtRate(o.h2d_gbps)),
-    row("disk read", fmtRate(o.disk_gbps)),
-    row("stall", `${Number(o.stall_s || 0).toFixed(3)} s`),
-    row("transfer", `${Number(o.transfer_s || 0).toFixed(3)} s`),
-    row("forwards", String(o.forwards)),
+    row(t("bytesMoved"), fmtBytes(o.bytes_moved)),
+    row(t("hostToDevice"), fmtRate(o.h2d_gbps)),
+    row(t("diskRead"), fmtRate(o.disk_gbps)),
+    row(t("stall"), `${Number(o.stall_s || 0).toFixed(3)} s`),
+    row(t("transfer"), `${Number(o.transfer_s || 0).toFixed(3)} s`),
+    row(t("forwards"), String(o.forwards)),
   );
   if (o.disk_read_last_prompt) card.append(row("read from disk (last prompt)", fmtBytes(o.disk_read_last_prompt)));
   if (o.why) card.append(el("div", { class: "ferry-why" }, o.why));
@@ -121,16 +163,16 @@ function render() {
   if (!root) return;
   const s = state.last;
   const age = s ? ((Date.now() - state.lastAt) / 1000).toFixed(0) : "–";
-  const panelBtn = el("button", { class: "ferry-btn", onclick: openPanel }, "Open Ferry panel");
+  const panelBtn = el("button", { class: "ferry-btn", onclick: openPanel }, t("openPanel"));
   const children = [
-    el("div", { class: "ferry-head" }, el("b", {}, "Ferry"), el("span", { class: "ferry-age" }, s ? `updated ${age} s ago` : "waiting…")),
+    el("div", { class: "ferry-head" }, el("b", {}, t("title")), el("span", { class: "ferry-age" }, s ? t("updated", { age }) : t("waiting"))),
     panelBtn,
   ];
   if (state.status) children.push(el("div", { class: "ferry-status" }, state.status));
   if (s) {
     children.push(renderMemory(s));
-    const models = el("div", { class: "ferry-section" }, el("h4", {}, `Offloaded (${s.offloads.length})`));
-    if (!s.offloads.length) models.append(el("div", { class: "ferry-muted" }, "None live. A model through “Ferry Offload Model” lays out when it is first sampled, a text encoder through “Ferry Offload Text Encoder” when it first encodes."));
+    const models = el("div", { class: "ferry-section" }, el("h4", {}, t("offloaded", { count: s.offloads.length })));
+    if (!s.offloads.length) models.append(el("div", { class: "ferry-muted" }, t("noneLive")));
     for (const o of s.offloads) models.append(renderOffload(o));
     children.push(models);
   }
@@ -152,7 +194,7 @@ async function poll() {
     const r = await api.fetchApi("/ferry/stats");
     if (r.ok) accept(await r.json());
   } catch (e) {
-    state.status = `stats unavailable: ${e}`;
+    state.status = t("statsUnavailable", { error: e });
   }
 }
 
@@ -177,7 +219,7 @@ function stopPolling() {
 }
 
 async function openPanel() {
-  state.status = "starting the panel…";
+  state.status = t("panelStarting");
   render();
   const port = Number(app.extensionManager?.setting?.get?.(SETTING_PORT) ?? 0);
   const body = port > 0 ? { port } : {};
@@ -185,13 +227,13 @@ async function openPanel() {
     const r = await api.fetchApi("/ferry/panel", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
     const data = await r.json();
     if (r.ok && data.url) {
-      state.status = `panel: ${data.url}`;
+      state.status = t("panelStatus", { message: data.url });
       window.open(data.url, "_blank");
     } else {
-      state.status = `panel: ${data.error || r.statusText}`;
+      state.status = t("panelStatus", { message: data.error || r.statusText });
     }
   } catch (e) {
-    state.status = `panel: ${e}`;
+    state.status = t("panelStatus", { message: e });
   }
   render();
 }
@@ -220,19 +262,19 @@ app.registerExtension({
   settings: [
     {
       id: SETTING_POLL,
-      name: "Ferry sidebar: poll every N seconds when no live updates arrive",
+      name: settingText(SETTING_POLL, "name"),
       type: "number",
       defaultValue: 2,
       attrs: { min: 0.5, max: 60, step: 0.5 },
-      tooltip: "Live updates are pushed about once a second while a model is offloaded.",
+      tooltip: settingText(SETTING_POLL, "tooltip"),
     },
     {
       id: SETTING_PORT,
-      name: "Ferry panel: port (0 = first free port)",
+      name: settingText(SETTING_PORT, "name"),
       type: "number",
       defaultValue: 0,
       attrs: { min: 0, max: 65535, step: 1 },
-      tooltip: "The Gradio panel listens on 127.0.0.1 at this port.",
+      tooltip: settingText(SETTING_PORT, "tooltip"),
     },
   ],
   setup() {
@@ -241,8 +283,8 @@ app.registerExtension({
     app.extensionManager.registerSidebarTab({
       id: "ferry",
       icon: "pi pi-server",
-      title: "Ferry",
-      tooltip: "Ferry: offloading, RAM and VRAM",
+      title: t("title"),
+      tooltip: t("tooltip"),
       type: "custom",
       render(container) {
         state.root = el("div", { class: "ferry-tab", id: "ferry-sidebar" });
