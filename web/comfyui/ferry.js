@@ -153,7 +153,7 @@ function renderOffload(o) {
     row(t("transfer"), `${Number(o.transfer_s || 0).toFixed(3)} s`),
     row(t("forwards"), String(o.forwards)),
   );
-  if (o.disk_read_last_prompt) card.append(row("read from disk (last prompt)", fmtBytes(o.disk_read_last_prompt)));
+  if (o.disk_read_last_prompt) card.append(row(t("diskReadPrompt"), fmtBytes(o.disk_read_last_prompt)));
   if (o.why) card.append(el("div", { class: "ferry-why" }, o.why));
   return card;
 }
@@ -290,7 +290,7 @@ app.registerExtension({
         state.root = el("div", { class: "ferry-tab", id: "ferry-sidebar" });
         // The plan section sits above the live part, in one scrolling column: render()
         // redraws only state.root, so a budget being typed keeps its focus.
-        const column = el("div", { style: { height: "100%", overflowY: "auto" } }, planSection(), state.root);
+        const column = el("div", { style: { height: "100%", overflowY: "auto" } }, planSection(t), state.root);
         container.replaceChildren(column);
         startPolling();
         render();

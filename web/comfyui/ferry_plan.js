@@ -3,11 +3,13 @@
 // headers, and lists each network the graph loads, where Ferry puts it and why, and the
 // predicted peaks with "fits" or what to change. The budgets box sets Ferry's VRAM and RAM
 // budgets (/ferry/budgets, kept in the settings file), used from the next prompt on.
-// Kept apart from ferry.js so that file's own drawing stays as it is.
+// Kept apart from ferry.js so that file's own drawing stays as it is; its words are the
+// sidebar's (locales/<lang>/main.json, ferry.sidebar), through the t() ferry.js hands it.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
 const plan = { result: null, status: "" };
+let t = (key) => key; // ferry.js's translator, set by planSection
 
 function node(tag, attrs = {}, ...children) {
   const n = document.createElement(tag);
@@ -37,35 +39,35 @@ async function postJson(path, body) {
 }
 
 async function planWorkflow(redraw) {
-  plan.status = "planning…";
+  plan.status = t("planning");
   redraw();
   try {
     const queued = await app.graphToPrompt(); // { output: API-format prompt, workflow }
     const [ok, data] = await postJson("/ferry/plan", { prompt: queued.output });
     plan.result = ok ? data : null;
-    plan.status = ok ? "" : `plan: ${data.error}`;
+    plan.status = ok ? "" : t("planError", { error: data.error });
   } catch (e) {
-    plan.status = `plan: ${e}`;
+    plan.status = t("planError", { error: e });
   }
   redraw();
 }
 
 async function saveBudgets(vram, ram, redraw) {
   const [ok, data] = await postJson("/ferry/budgets", { vram_gb: vram || null, ram_gb: ram || null });
-  plan.status = ok ? "budgets saved: used from the next prompt" : `budgets: ${data.error}`;
+  plan.status = ok ? t("budgetsSaved") : t("budgetsError", { error: data.error });
   redraw();
 }
 
 function budgetBox(redraw) {
-  const vram = node("input", { id: "ferry-budget-vram", size: 5, placeholder: "none" });
-  const ram = node("input", { id: "ferry-budget-ram", size: 5, placeholder: "none" });
+  const vram = node("input", { id: "ferry-budget-vram", size: 5, placeholder: t("budgetNone") });
+  const ram = node("input", { id: "ferry-budget-ram", size: 5, placeholder: t("budgetNone") });
   api.fetchApi("/ferry/budgets").then(async (r) => {
     const b = r.ok ? (await r.json()).budgets : {};
     vram.value = b.vram_gb ?? "";
     ram.value = b.ram_gb ?? "";
   });
-  const save = node("button", { class: "ferry-btn", onclick: () => saveBudgets(vram.value, ram.value, redraw) }, "Save budgets");
-  return node("div", { class: "ferry-budgets" }, "VRAM GiB ", vram, " RAM GiB ", ram, " ", save);
+  const save = node("button", { class: "ferry-btn", onclick: () => saveBudgets(vram.value, ram.value, redraw) }, t("saveBudgets"));
+  return node("div", { class: "ferry-budgets" }, `${t("budgetVram")} `, vram, ` ${t("budgetRam")} `, ram, " ", save);
 }
 
 function networkCard(n) {
@@ -74,7 +76,7 @@ function networkCard(n) {
     "div",
     { class: "ferry-card", "data-ferry-plan": n.name },
     node("div", { class: "ferry-name" }, `${n.title} → ${n.tier}`),
-    node("div", { class: "ferry-muted" }, `${file}, ${gib(n.bytes)}${n.ferry_node ? "" : " (no Ferry node)"}`),
+    node("div", { class: "ferry-muted" }, `${file}, ${gib(n.bytes)}${n.ferry_node ? "" : ` (${t("noFerryNode")})`}`),
     node("div", { class: "ferry-why" }, n.reason),
   );
 }
@@ -85,8 +87,9 @@ function drawResult(out) {
   const p = plan.result;
   if (p) {
     children.push(node("div", { class: p.fits ? "ferry-fits" : "ferry-status" }, p.verdict));
-    const vram = p.peak_vram === null ? "" : `VRAM ${gib(p.peak_vram)}, `;
-    children.push(node("div", { class: "ferry-muted" }, `predicted peak: ${vram}RAM ${gib(p.peak_ram)}, disk ${gib(p.disk_bytes)}`));
+    const peaks = { vram: gib(p.peak_vram), ram: gib(p.peak_ram), disk: gib(p.disk_bytes) };
+    const predicted = p.peak_vram === null ? t("predictedPeak", peaks) : t("predictedPeakVram", peaks);
+    children.push(node("div", { class: "ferry-muted" }, predicted));
     for (const n of p.networks) children.push(networkCard(n));
   }
   out.replaceChildren(...children);
@@ -94,11 +97,12 @@ function drawResult(out) {
 
 // The sidebar's plan section, built once per sidebar (ferry.js redraws its own part every
 // second; this part only on its own events, so a budget being typed keeps its focus).
-export function planSection() {
+export function planSection(translate) {
+  t = translate;
   const out = node("div", { id: "ferry-plan-result" });
   const redraw = () => drawResult(out);
-  const box = node("div", { class: "ferry-plan", id: "ferry-plan" }, node("h4", {}, "Plan"));
-  box.append(node("button", { class: "ferry-btn", id: "ferry-plan-btn", onclick: () => planWorkflow(redraw) }, "Plan this workflow"));
+  const box = node("div", { class: "ferry-plan", id: "ferry-plan" }, node("h4", {}, t("plan")));
+  box.append(node("button", { class: "ferry-btn", id: "ferry-plan-btn", onclick: () => planWorkflow(redraw) }, t("planThisWorkflow")));
   box.append(budgetBox(redraw), out);
   redraw();
   return box;
