@@ -14,7 +14,7 @@ ROOT = REPO / "offload_core"
 #: Lowest first. A module may import its own package's modules and any lower layer's.
 LAYERS: list[set[str]] = [
     {"errors", "units"},
-    {"policy", "offload_kind"},
+    {"policy", "offload_kind", "ending"},
     {"formats"},
     {"model"},
     {"disk"},

@@ -24,15 +24,16 @@ from ..disk.mappings import Mappings
 from ..disk.plan import ReadPlan
 from ..disk.repair import slab_from_truth
 from ..disk.store import GroupStore
-from ..errors import CorruptGroupFileError, RestoreIncompleteError, WeightsLostError
+from ..errors import CorruptGroupFileError, RestoreIncompleteError
 from ..model.grouping import GroupSpec
 from ..model.layout import Entry
 from ..model.plan import OffloadPlan
 from ..policy import DiskTier, PinnedRamTier, Tier
 from ..runtime.group import GroupRuntime
-from ..runtime.memory import system_available_ram, trim_heap
+from ..runtime.memory import HeapTrimmer, system_available_ram
 from ..transfer.backend import Backend
 from ..units import fmt_bytes
+from .give_back import drop_group, fresh, lost_error, meta_form
 from .kinds import Made, Placed, make_source
 from .origin import Origin
 from .resident import DeviceBytes, ResidentGroup
@@ -41,10 +42,6 @@ log = logging.getLogger("ferry")
 Progress = Callable[[int, int], None]
 #: A group file's header, beside its data, when sizing the disk tier's folder.
 HEADER_ALLOWANCE = 65536
-#: While laying out, the C heap is trimmed each time this many bytes of the model's own
-#: tensors were let go (see ``Placement.build``): a trim costs about 0.2 ms, so at most one
-#: per 16 MiB moved is noise beside the copy.
-TRIM_EVERY = 16 << 20
 META = torch.device("meta")
 
 
@@ -88,20 +85,13 @@ class Placement:
                 if isinstance(self.tier, DiskTier):
                     self._open_disk(self.tier)
                 scratch: torch.Tensor | None = None
-                let_go = 0
+                trimmer = HeapTrimmer()  # a re-layout from the disk tier held the network
+                # twice without it (tests/comfyui/test_comfyui_relayout_cgroup.py)
                 for i, (spec, gp) in enumerate(zip(groups, plan.groups)):
                     if isinstance(self.tier, DiskTier) and not gp.resident and scratch is None:
                         scratch = torch.empty(plan.slot_bytes, dtype=torch.uint8)
                     self.runtimes.append(self._place(spec, gp.resident, scratch))
-                    # The group's original tensors are free now. Those below glibc's mmap
-                    # threshold (it rises to 32 MB: most weights of a model restored from an
-                    # earlier layout) stay in the heap, where the next groups' slabs (mapped
-                    # anew) do not reuse them: without a trim a re-layout from the disk tier
-                    # held the network twice (tests/comfyui/test_comfyui_relayout_cgroup.py).
-                    let_go += spec.nbytes
-                    if let_go >= TRIM_EVERY:
-                        trim_heap()
-                        let_go = 0
+                    trimmer.freed(spec.nbytes)  # the group's original tensors
                     if progress is not None:
                         progress(i + 1, len(groups))
                 self._move_outside()
@@ -269,13 +259,10 @@ class Placement:
         # copy is freed before the next group's fresh tensors are made.
         todo, self.runtimes = self.runtimes, kept
         todo.reverse()
-        let_go = 0
+        trimmer = HeapTrimmer()
         while todo:
             rt = todo.pop()
-            let_go += rt.spec.nbytes
-            if let_go >= TRIM_EVERY:  # the copies and read buffers freed so far (see build)
-                trim_heap()
-                let_go = 0
+            trimmer.freed(rt.spec.nbytes)  # the copies and read buffers freed so far
             try:
                 self._restore_group(rt)
             except CorruptGroupFileError as e:  # the file's bytes say so: nothing to read back
@@ -324,7 +311,7 @@ class Placement:
         else:
             src = rt.source.host_bytes(spec.nbytes)
             for e in spec.entries:
-                e.point_at(_fresh(e, src))
+                e.point_at(fresh(e, src))
         rt.host_forms = []
         rt.source.close(self.backend)
 
@@ -343,22 +330,7 @@ def _placeholder(e: Entry) -> torch.Tensor:
     """What an entry holds while its file is replaced: meta for a tensor whose home is a
     file, else untouched memory of its layout (never read: the new forms replace it in the
     same call, and pages never touched are never taken)."""
-    return _meta_form(e, META if e.orig_device == META else torch.device("cpu"))
-
-
-def _fresh(e: Entry, src: torch.Tensor) -> torch.Tensor:
-    """A new tensor on the entry's original device holding its bytes from ``src``."""
-    inner = []
-    for part in e.parts:
-        t = torch.empty_strided(part.size, part.stride, dtype=part.dtype, device=e.orig_device)
-        t.copy_(part.view(src))
-        inner.append(t)
-    if e.subclass is None:
-        return inner[0]
-    rebuilt = e.subclass.__tensor_unflatten__(  # type: ignore[attr-defined]
-        dict(zip(e.inner_names, inner)), e.ctx, e.outer_size, e.outer_stride
-    )
-    return nn.Parameter(rebuilt, requires_grad=e.requires_grad) if e.is_param else rebuilt
+    return meta_form(e, META if e.orig_device == META else torch.device("cpu"))
 
 
 def _move(m: nn.Module, attr: str, is_param: bool, dev: torch.device) -> None:
@@ -375,36 +347,3 @@ def _move(m: nn.Module, attr: str, is_param: bool, dev: torch.device) -> None:
             table[attr] = moved
     else:
         t.data = t.data.to(dev)
-
-
-def drop_group(rt: GroupRuntime | ResidentGroup, backend: Backend) -> None:
-    """A group whose bytes cannot be read back, or that nobody will read (a discarded
-    network): its tensors go to the meta device (a model that uses them fails loudly, never
-    computes on garbage) and its source is closed."""
-    for e in rt.spec.entries:
-        e.put(_meta_form(e))
-    rt.host_forms = []
-    try:
-        rt.source.close(backend)
-    except OSError as e:  # the descriptor is gone with the file's weights: nothing to keep
-        log.debug("ferry: closing %s: %s", rt.name, e)
-
-
-def _meta_form(e: Entry, device: torch.device = META) -> torch.Tensor:
-    """The entry's tensor on the meta device (or an uninitialised one on ``device``), built
-    from its recorded layout (a tensor subclass such as torchao's cannot always be asked for
-    ``empty_like``)."""
-    inner = [torch.empty_strided(p.size, p.stride, dtype=p.dtype, device=device) for p in e.parts]
-    if e.subclass is None:
-        return inner[0]
-    return e.subclass.__tensor_unflatten__(  # type: ignore[attr-defined, no-any-return]
-        dict(zip(e.inner_names, inner)), e.ctx, e.outer_size, e.outer_stride
-    )
-
-
-def lost_error(
-    lost: list[GroupRuntime | ResidentGroup], first: CorruptGroupFileError
-) -> WeightsLostError:
-    """The error remove() raises once everything else is restored: the groups damage lost."""
-    files = [str(rt.source.file_plan.path if rt.source.file_plan else rt.name) for rt in lost]
-    return WeightsLostError([rt.name for rt in lost], files, first)
