@@ -13,20 +13,30 @@ from typing import Any
 from ..offload_core.errors import ConfigError
 from ..offload_core.tools.monitor import get_monitor
 from ..offload_core.tools.settings_file import (
+    Budgets,
     PanelSettings,
     default_settings_path,
     known_quant_presets,
     load_settings,
+    save_budgets,
     save_settings,
 )
-from .stats import current_offloads, fresh_sample, stats_payload
+from .stats import (
+    current_offloads,
+    fresh_sample,
+    observe_prompt,
+    running_prompt_id,
+    stats_payload,
+)
 
 Reply = tuple[int, dict[str, Any]]
 
 
 def get_stats() -> Reply:
     device = get_monitor().device
-    return 200, stats_payload(fresh_sample(device), current_offloads(), device)
+    offloads = current_offloads()
+    observe_prompt(running_prompt_id(), offloads)
+    return 200, stats_payload(fresh_sample(device), offloads, device)
 
 
 def get_settings(path: str | Path | None = None) -> Reply:
@@ -55,6 +65,41 @@ def put_settings(body: Any, path: str | Path | None = None) -> Reply:
     except ConfigError as e:
         return 400, {"error": str(e), "setting": e.setting}
     return 200, {"path": str(written), "settings": settings.to_dict(), "error": None}
+
+
+def post_plan(body: Any, plan: Callable[[dict[str, Any]], dict[str, Any]]) -> Reply:
+    """The pre-flight: ``body`` is the workflow in API format, or the payload the frontend
+    queues (``{"prompt": {...}, ...}``); ``plan`` plans it (headers only, no weight)."""
+    prompt = body.get("prompt", body) if isinstance(body, dict) else None
+    nodes = prompt.values() if isinstance(prompt, dict) else ()
+    if not prompt or not all(isinstance(n, dict) and "class_type" in n for n in nodes):
+        return 400, {
+            "error": "send the workflow in API format: {node id: {class_type, inputs}}, "
+            'or the queued payload {"prompt": {...}}',
+            "setting": "prompt",
+        }
+    try:
+        return 200, plan(prompt)  # type: ignore[arg-type]
+    except ConfigError as e:
+        return 400, {"error": str(e), "setting": e.setting}
+
+
+def get_budgets(path: str | Path | None = None) -> Reply:
+    try:
+        budgets = load_settings(path).budgets or Budgets()
+    except ConfigError as e:
+        return 200, {"budgets": Budgets().to_dict(), "error": str(e), "setting": e.setting}
+    return 200, {"budgets": budgets.to_dict(), "error": None}
+
+
+def put_budgets(body: Any, path: str | Path | None = None) -> Reply:
+    """Sets Ferry's VRAM and RAM budgets (``{"vram_gb": 10, "ram_gb": null}``: empty or 0 is
+    no cap) in the settings file; the next prompt plans with them, no restart."""
+    try:
+        saved = save_budgets(Budgets.from_dict(body), path)
+    except ConfigError as e:
+        return 400, {"error": str(e), "setting": e.setting}
+    return 200, {"budgets": (saved.budgets or Budgets()).to_dict(), "error": None}
 
 
 def start_panel(body: Any, launch: Callable[..., str], is_busy: Callable[[], bool] | None) -> Reply:

@@ -14,13 +14,26 @@ from typing import Any
 
 from ..offload_core import ConfigError, FerryError, OffloadPolicy
 from ..offload_core.disk import folder as disk_folder
-from ..offload_core.policy import DEFAULT_HEADROOM_GB, LEVEL_NAMES, TIER_NAMES, parse_disk_path
+from ..offload_core.planner import Choice, Wish
+from ..offload_core.policy import (
+    AUTO,
+    DEFAULT_HEADROOM_GB,
+    LEVEL_NAMES,
+    TIER_NAMES,
+    parse_blocks_per_group,
+    parse_disk_path,
+    parse_prefetch_depth,
+)
 from ..seam.controls import ControlNames
 from ..seam.offload import HeldOffload
 
 # Widget ids of "Ferry Offload Model". Stable forever: saved workflows refer to them.
 LEVELS = LEVEL_NAMES
 TIERS = TIER_NAMES
+#: The tier widget's choices: "auto" (the planner's, the default) first, then the tiers.
+TIER_CHOICES = (AUTO, *TIER_NAMES)
+#: The widgets "auto" may stand in, each one's planner field.
+AUTO_WIDGETS = ("tier", "blocks_per_group", "prefetch_depth")
 VERIFY_CHOICES = ("first_read", "every_read")
 CPU_READ_CHOICES = ("auto", "mapped", "copy")
 
@@ -96,6 +109,37 @@ def policy_from_inputs(
         )
     except ConfigError as e:
         raise as_node_error(e) from None
+
+
+def is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == AUTO
+
+
+def wish_from_widgets(widgets: dict[str, Any]) -> Wish:
+    """What a Ferry node's tier, blocks_per_group and prefetch_depth widgets ask of the
+    planner: None where "auto". A bad value raises NodeInputError naming the widget."""
+    tier = widgets.get("tier", AUTO)
+    if not is_auto(tier) and tier not in TIER_NAMES:
+        raise NodeInputError("tier", f"must be one of {list(TIER_CHOICES)}, got {tier!r}")
+    try:
+        blocks, depth = (widgets.get(k, AUTO) for k in ("blocks_per_group", "prefetch_depth"))
+        return Wish(
+            tier=None if is_auto(tier) else tier,
+            blocks_per_group=None if is_auto(blocks) else parse_blocks_per_group(blocks),
+            prefetch_depth=None if is_auto(depth) else parse_prefetch_depth(depth),
+        )
+    except ConfigError as e:
+        raise as_node_error(e) from None
+
+
+def resolve_widgets(widgets: dict[str, Any], choice: Choice) -> dict[str, Any]:
+    """The widgets with each "auto" replaced by the planner's ``choice``."""
+    chosen = {
+        "tier": choice.tier,
+        "blocks_per_group": choice.blocks_per_group,
+        "prefetch_depth": choice.prefetch_depth,
+    }
+    return {k: chosen[k] if k in chosen and is_auto(v) else v for k, v in widgets.items()}
 
 
 def policy_from_panel(load: Callable[[], Any]) -> OffloadPolicy:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..offload_core import DiskTier
-from ..offload_core.policy import DEFAULT_HEADROOM_GB
-from .config import CPU_READ_CHOICES, LEVELS, TIERS, VERIFY_CHOICES
+from ..offload_core.policy import AUTO, DEFAULT_HEADROOM_GB
+from .config import CPU_READ_CHOICES, LEVELS, TIER_CHOICES, VERIFY_CHOICES
 
 
 def setting_inputs() -> list[io.Input]:
@@ -35,20 +35,22 @@ def how_inputs() -> list[io.Input]:
             tooltip="block: move whole transformer blocks (fast, the usual choice). "
             "leaf: move layer by layer (least VRAM, more transfers).",
         ),
-        io.Int.Input(
+        # A text box, not a number box, so it can hold "auto" (ComfyUI hands a workflow's
+        # saved number to a text input as its text: "2"; the one parser takes both).
+        io.String.Input(
             "blocks_per_group",
-            default=1,
-            min=1,
-            max=256,
-            tooltip="Blocks moved together (block level). More = fewer, larger copies "
-            "and more VRAM. Must not exceed the model's block count.",
+            default=AUTO,
+            tooltip="Blocks moved together (block level): 'auto' lets Ferry size groups so "
+            "each copy is worth its launch; or a whole number (more = fewer, larger copies "
+            "and more VRAM; at most the model's block count).",
         ),
         io.Combo.Input(
             "tier",
-            options=list(TIERS),
-            default="pinned",
-            tooltip="Where offloaded weights wait: pinned = page-locked RAM (fastest "
-            "copies); ram = ordinary RAM; disk = files in disk_path (saves RAM).",
+            options=list(TIER_CHOICES),
+            default=AUTO,
+            tooltip="Where offloaded weights wait: auto = Ferry chooses for this machine and "
+            "every network of the prompt together (the sidebar says why); pinned = page-locked "
+            "RAM (fastest copies); ram = ordinary RAM; disk = files in disk_path (saves RAM).",
         ),
         io.String.Input(
             "disk_path",
@@ -62,13 +64,11 @@ def how_inputs() -> list[io.Input]:
 def memory_inputs() -> list[io.Input]:
     """How much the GPU holds: look-ahead and the VRAM budget."""
     return [
-        io.Int.Input(
+        io.String.Input(
             "prefetch_depth",
-            default=1,
-            min=1,
-            max=8,
-            tooltip="Groups loaded ahead of the one computing. 1-2 hides most transfer "
-            "time; each extra one costs one group of VRAM.",
+            default=AUTO,
+            tooltip="Groups loaded ahead of the one computing: 'auto' goes as deep as hides "
+            "the tier's speed; or 1..8 (each extra one costs one group of VRAM).",
         ),
         io.String.Input(
             "vram_budget",

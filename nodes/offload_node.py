@@ -14,16 +14,22 @@ import folder_paths
 from comfy_api.latest import io, ui
 
 from ..offload_core import ConfigError, DiskTier, OffloadPolicy
-from ..offload_core.policy import DEFAULT_HEADROOM_GB
+from ..offload_core.planner import Choice, NetworkFacts
+from ..offload_core.planner.facts import Kind
+from ..offload_core.policy import AUTO, DEFAULT_HEADROOM_GB
 from ..offload_core.tools.settings_file import default_settings_path, load_settings
 from ..seam.model_files import gguf_file_of
+from .auto_settings import network_in_hand, planned_widgets, remember
 from .config import (
+    AUTO_WIDGETS,
     FerryConfig,
     NodeInputError,
     as_node_error,
     check_disk_folder,
+    is_auto,
     policy_from_inputs,
     policy_from_panel,
+    wish_from_widgets,
 )
 from .dynamic import DYNAMIC_VRAM_HELP
 from .offload_inputs import setting_inputs
@@ -69,26 +75,42 @@ class FerryOffloadModel(io.ComfyNode):
                 *setting_inputs(),
             ],
             outputs=[io.Model.Output(tooltip="The same model; it loads through Ferry.")],
+            # The queued prompt and this node's id: "auto" is planned for all its networks.
+            hidden=[io.Hidden.prompt, io.Hidden.unique_id],
         )
 
     @classmethod
     def fingerprint_inputs(cls, use_panel_settings: bool, **kwargs: object) -> object:
-        # With the panel's settings the node must run again when the panel saves new ones.
-        return settings_fingerprint() if use_panel_settings else ""
+        # With the panel's settings, or "auto" (planned under the saved budgets), the node
+        # must run again when the settings file changes: a new budget applies next prompt.
+        auto = any(is_auto(kwargs.get(k)) for k in AUTO_WIDGETS)
+        return settings_fingerprint() if use_panel_settings or auto else ""
 
     @classmethod
     def validate_inputs(
-        cls, use_panel_settings: bool, tier: str, vram_budget: str, disk_path: str
+        cls,
+        use_panel_settings: bool,
+        tier: str,
+        vram_budget: str,
+        disk_path: str,
+        blocks_per_group: str = AUTO,
+        prefetch_depth: str = AUTO,
     ) -> bool | str:
         # What needs no model is checked before the prompt is queued: a node error at once.
-        # (blocks_per_group and prefetch_depth keep ComfyUI's own min/max checks.)
         if use_panel_settings:
             return True  # the widgets are ignored; execute() checks the panel's settings
         try:
+            wish_from_widgets(
+                {
+                    "tier": tier,
+                    "blocks_per_group": blocks_per_group,
+                    "prefetch_depth": prefetch_depth,
+                }
+            )
             policy = policy_from_inputs(
                 level="block",
                 blocks_per_group=1,
-                tier=tier,
+                tier="ram" if is_auto(tier) else tier,  # auto: the plan checks its own folder
                 disk_path=disk_path,
                 prefetch_depth=1,
                 vram_budget=vram_budget,
@@ -106,30 +128,27 @@ class FerryOffloadModel(io.ComfyNode):
         model: object,
         use_panel_settings: bool,
         level: str,
-        blocks_per_group: int,
+        blocks_per_group: str,
         tier: str,
         disk_path: str,
-        prefetch_depth: int,
+        prefetch_depth: str,
         vram_budget: str,
         headroom_gb: float = DEFAULT_HEADROOM_GB,
         direct_io: bool = True,
         verify: str = "first_read",
         cpu_read: str = "auto",
     ) -> io.NodeOutput:
-        policy = node_policy(
-            use_panel_settings,
-            level=level,
-            blocks_per_group=blocks_per_group,
-            tier=tier,
-            disk_path=disk_path,
-            prefetch_depth=prefetch_depth,
-            vram_budget=vram_budget,
-            headroom_gb=headroom_gb,
-            direct_io=direct_io,
-            verify=verify,
-            cpu_read=cpu_read,
-        )
-        config = FerryConfig(policy, name=_model_name(model))
+        widgets = {
+            "level": level, "blocks_per_group": blocks_per_group, "tier": tier,
+            "disk_path": disk_path, "prefetch_depth": prefetch_depth, "vram_budget": vram_budget,
+            "headroom_gb": headroom_gb, "direct_io": direct_io, "verify": verify,
+            "cpu_read": cpu_read,
+        }  # fmt: skip
+        name = _model_name(model)
+        network = getattr(getattr(model, "model", None), "diffusion_model", None)
+        policy, choice = auto_policy(cls.hidden, use_panel_settings, widgets, network, name)
+        config = FerryConfig(policy, name=name)
+        remember(config.title, choice)
         if not getattr(model, "patches", None):
             # Weights as in their file: the disk tier may read groups from it, not write copies.
             source = getattr(model, "ferry_source_checkpoint", None)
@@ -141,6 +160,28 @@ class FerryOffloadModel(io.ComfyNode):
             return io.NodeOutput(model, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
         check_against_model(out, config, use_panel_settings)
         return io.NodeOutput(out)
+
+
+def auto_policy(
+    hidden: Any,
+    use_panel_settings: bool,
+    widgets: dict[str, Any],
+    network: Any,
+    name: str,
+    kind: Kind = "model",
+) -> tuple[OffloadPolicy, Choice | None]:
+    """The node's policy with its "auto" settings planned (auto_settings.py) for the whole
+    prompt, and the planner's choice (None where nothing was planned)."""
+    choice = None
+    if not use_panel_settings:
+
+        def in_hand() -> NetworkFacts:
+            if network is None:
+                raise NodeInputError("tier", "this input holds no network to plan; choose a tier")
+            return network_in_hand(network, name, kind)
+
+        widgets, choice = planned_widgets(hidden, widgets, in_hand, default_disk_path())
+    return node_policy(use_panel_settings, **widgets), choice
 
 
 def node_policy(use_panel_settings: bool, **widgets: Any) -> OffloadPolicy:

@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from ..offload_core.tools.monitor import OffloadSample, Sample, get_monitor
-from .stats import EVENT, stats_payload
+from .stats import EVENT, observe_prompt, running_prompt_id, stats_payload
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"started": False, "had_offloads": False}
@@ -28,6 +28,7 @@ def on_tick(sample: Sample, offloads: list[OffloadSample], send: Any = None) -> 
     if not offloads and not _state["had_offloads"]:
         return False
     _state["had_offloads"] = bool(offloads)
+    observe_prompt(running_prompt_id(), offloads)
     (send or _send)(stats_payload(sample, offloads, get_monitor().device))
     return True
 

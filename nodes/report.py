@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..offload_core.offload_kind import OffloadKind
+from ..offload_core.planner import notes as plan_notes
 from ..offload_core.runtime.memory import DeviceMemory, ProcessMemory
-from ..offload_core.units import fmt_bytes
+from ..offload_core.units import GB, fmt_bytes
+from . import prompt_reads
 
 
 def _gbps(v: float | None) -> str:
@@ -34,7 +36,7 @@ def offload_lines(stats: dict[str, Any]) -> list[str]:
         f"{k} {fmt_bytes(v)}" for k, v in (stats.get("bytes_per_tier") or {}).items() if v
     )
     title = OffloadKind(stats.get("kind", OffloadKind.MODEL)).line_title(str(stats.get("name")))
-    return [
+    out = [
         f"{title}: {stats.get('level')} level, tier {stats.get('tier')}, "
         f"{stats.get('groups')} groups ({stats.get('resident_groups')} resident), "
         f"prefetch {stats.get('prefetch_depth')}",
@@ -45,6 +47,13 @@ def offload_lines(stats: dict[str, Any]) -> list[str]:
         f"  forwards {stats.get('forwards')}, stall {float(stats.get('stall_s') or 0):.3f} s of "
         f"{float(stats.get('transfer_s') or 0):.3f} s transfer",
     ]
+    prompt = prompt_reads.read_this_prompt(title, int(stats.get("bytes_disk") or 0))
+    if prompt is not None and stats.get("tier") == "disk":
+        out.append(f"  read from disk this prompt: {prompt / GB:.2f} GB")
+    why = plan_notes.why(title)
+    if why:
+        out.append(f"  why: {why}")
+    return out
 
 
 def report_text(

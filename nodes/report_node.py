@@ -7,9 +7,10 @@ from typing import Any
 
 from comfy_api.latest import io, ui
 
-from ..offload_core import ConfigError, device_memory, live_offloads, process_memory
+from ..offload_core import ConfigError, device_memory, process_memory
 from ..offload_core.tools.monitor import default_device
 from .report import report_text
+from .stats import current_offloads, observe_prompt, running_prompt_id
 
 NODE_ID = "FerryMemoryReport"
 
@@ -49,7 +50,9 @@ class FerryMemoryReport(io.ComfyNode):
     def execute(cls, after: Any = None, model: Any = None) -> io.NodeOutput:
         device = default_device()
         dev = device_memory(device) if device else None
-        offloads = [h.stats().as_dict() for h in live_offloads()]
+        samples = current_offloads()
+        observe_prompt(running_prompt_id(), samples)  # this prompt's disk reads, per network
+        offloads = [o.stats for o in samples if "error" not in o.stats]
         plan_text = None
         cfg = getattr(model, "ferry_config", None)
         if cfg is not None:

@@ -41,6 +41,38 @@ def _is_busy() -> bool:
     return server.PromptServer.instance.prompt_queue.get_tasks_remaining() > 0
 
 
+def _plan_prompt(prompt: dict[str, Any]) -> dict[str, Any]:
+    from .auto_settings import budgets, panel_wish
+    from .graph_plan import plan_prompt
+    from .offload_node import default_disk_path
+
+    plan = plan_prompt(
+        prompt, default_folder=default_disk_path(), budgets=budgets(), panel_wish=panel_wish()
+    )
+    return plan.as_dict()
+
+
+def _register_planner(routes: web.RouteTableDef) -> None:
+    """The pre-flight (/ferry/plan) and Ferry's budgets (/ferry/budgets)."""
+
+    @routes.post("/ferry/plan")
+    async def plan(request: web.Request) -> web.Response:
+        body, err = await _json_body(request)
+        if err is not None:
+            return err
+        loop = asyncio.get_running_loop()  # headers are read from disk: off the event loop
+        return _reply(await loop.run_in_executor(None, api.post_plan, body, _plan_prompt))
+
+    @routes.get("/ferry/budgets")
+    async def get_budgets(request: web.Request) -> web.Response:
+        return _reply(api.get_budgets())
+
+    @routes.post("/ferry/budgets")
+    async def post_budgets(request: web.Request) -> web.Response:
+        body, err = await _json_body(request)
+        return err or _reply(api.put_budgets(body))
+
+
 def register(routes: web.RouteTableDef) -> None:
     if _registered["done"]:
         return
@@ -59,6 +91,8 @@ def register(routes: web.RouteTableDef) -> None:
     async def post_settings(request: web.Request) -> web.Response:
         body, err = await _json_body(request)
         return err or _reply(api.put_settings(body))
+
+    _register_planner(routes)
 
     @routes.post("/ferry/panel")
     async def panel(request: web.Request) -> web.Response:

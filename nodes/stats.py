@@ -8,7 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..offload_core.planner import notes as plan_notes
 from ..offload_core.tools.monitor import OffloadSample, Sample
+from . import prompt_reads
 
 EVENT = "ferry.stats"
 
@@ -18,6 +20,20 @@ _OFFLOAD_FIELDS = (
     "group_loads", "bytes_per_tier", "bytes_h2d", "bytes_disk", "h2d_gbps", "disk_gbps",
     "transfer_s", "stall_s", "overlap", "peak_vram", "disk_folder",
 )  # fmt: skip
+
+
+def running_prompt_id() -> str | None:
+    """The id of the prompt ComfyUI runs now (None outside ComfyUI, or when idle)."""
+    try:
+        import server
+    except ImportError:
+        return None
+    try:
+        running = server.PromptServer.instance.prompt_queue.currently_running
+        ids = [item[1] for item in list(running.values()) if len(item) > 1]
+    except (AttributeError, TypeError):
+        return None
+    return str(ids[0]) if ids else None
 
 
 def fresh_sample(device: str | None) -> Sample:
@@ -44,10 +60,24 @@ def offload_entry(o: OffloadSample) -> dict[str, Any]:
     out = {k: s.get(k) for k in _OFFLOAD_FIELDS}
     out.update(what)
     out["tiers"] = {k: v for k, v in (s.get("bytes_per_tier") or {}).items() if v}
+    # Why its tier, groups and look-ahead: the planner's sentence, where it chose them.
+    out["why"] = plan_notes.why(o.title)
+    # What the disk tier cost this prompt (the running one, or the last one seen).
+    out["disk_read_last_prompt"] = prompt_reads.read_this_prompt(
+        o.title, int(s.get("bytes_disk") or 0)
+    )
     # "Bytes moved": what reached the compute device. From disk onto a CPU nothing is
     # copied host-to-device (the read lands in the slot), so the disk bytes count there.
     out["bytes_moved"] = max(int(s.get("bytes_h2d") or 0), int(s.get("bytes_disk") or 0))
     return out
+
+
+def observe_prompt(prompt_id: str | None, offloads: list[OffloadSample]) -> None:
+    """Tells prompt_reads which prompt runs now, with each offload's disk bytes."""
+    disk = {
+        o.title: int(o.stats.get("bytes_disk") or 0) for o in offloads if "error" not in o.stats
+    }
+    prompt_reads.observe(prompt_id, disk)
 
 
 def stats_payload(

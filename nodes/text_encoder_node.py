@@ -13,10 +13,11 @@ from typing import Any
 from comfy_api.latest import io, ui
 
 from ..offload_core import OffloadKind
+from .auto_settings import remember
 from .config import FerryConfig
 from .dynamic import DYNAMIC_VRAM_HELP
 from .offload_inputs import setting_inputs
-from .offload_node import FerryOffloadModel, check_against_model, node_policy
+from .offload_node import FerryOffloadModel, auto_policy, check_against_model
 from .patcher import ferry_clone
 from .text_encoder_patcher import TextEncoderPatcherMixin
 
@@ -40,23 +41,36 @@ class FerryOffloadTextEncoder(io.ComfyNode):
                 *setting_inputs(),
             ],
             outputs=[io.Clip.Output(tooltip="The same text encoder; it loads through Ferry.")],
+            hidden=[io.Hidden.prompt, io.Hidden.unique_id],  # "auto": Ferry Offload Model's
         )
 
     @classmethod
     def fingerprint_inputs(cls, use_panel_settings: bool, **kwargs: object) -> object:
-        return FerryOffloadModel.fingerprint_inputs(use_panel_settings)
+        return FerryOffloadModel.fingerprint_inputs(use_panel_settings, **kwargs)
 
     @classmethod
     def validate_inputs(
-        cls, use_panel_settings: bool, tier: str, vram_budget: str, disk_path: str
+        cls,
+        use_panel_settings: bool,
+        tier: str,
+        vram_budget: str,
+        disk_path: str,
+        blocks_per_group: str = "auto",
+        prefetch_depth: str = "auto",
     ) -> bool | str:
-        return FerryOffloadModel.validate_inputs(use_panel_settings, tier, vram_budget, disk_path)
+        return FerryOffloadModel.validate_inputs(
+            use_panel_settings, tier, vram_budget, disk_path, blocks_per_group, prefetch_depth
+        )
 
     @classmethod
     def execute(cls, clip: Any, use_panel_settings: bool, **widgets: Any) -> io.NodeOutput:
         # The widgets are Ferry Offload Model's (the same names, defaults and checks).
-        policy = node_policy(use_panel_settings, **widgets)
-        config = FerryConfig(policy, name=text_encoder_name(clip), kind=OffloadKind.TEXT_ENCODER)
+        name = text_encoder_name(clip)
+        policy, choice = auto_policy(
+            cls.hidden, use_panel_settings, widgets, clip.cond_stage_model, name, "text_encoder"
+        )
+        config = FerryConfig(policy, name=name, kind=OffloadKind.TEXT_ENCODER)
+        remember(config.title, choice)
         patcher = ferry_clone(clip.patcher, config, TextEncoderPatcherMixin)
         if patcher is None:  # left to ComfyUI's dynamic VRAM; the log says why, with the flag
             return io.NodeOutput(clip, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))

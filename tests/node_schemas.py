@@ -71,6 +71,8 @@ for attr, kind in [("Combo", "COMBO"), ("Int", "INT"), ("Float", "FLOAT"), ("Str
                    ("AnyType", "*"), ("Latent", "LATENT"), ("Image", "IMAGE")]:
     setattr(io, attr, _input(kind))
 io.Input = object
+# Hidden inputs (the queued prompt, the node's id) are no widgets: named, not recorded.
+io.Hidden = types.SimpleNamespace(prompt="PROMPT", unique_id="UNIQUE_ID")
 class Schema:
     def __init__(self, node_id, display_name, category, description, inputs, outputs,
                  is_output_node=False, **kw):

@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"transfer"},
     {"runtime"},
     {"sources"},
-    {"quant", "registry"},
+    {"quant", "registry", "planner"},
     {"api"},
     {"loader"},
     {"tools"},

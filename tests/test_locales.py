@@ -12,6 +12,8 @@ from tests.conftest import REPO
 from tests.node_schemas import en_node_defs, node_schemas
 
 FERRY_JS = REPO / "web" / "comfyui" / "ferry.js"
+#: The sidebar's code: ferry.js and the plan section it draws (ferry_plan.js, handed its t()).
+SIDEBAR_JS = (FERRY_JS, REPO / "web" / "comfyui" / "ferry_plan.js")
 #: Words a translation keeps as they are (units, formats, names of things).
 TERMS = ("VRAM", "GiB", "GB/s", "LoRA", "GGUF", "O_DIRECT", "torchao", "CUDA", "UNETLoader")
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -61,7 +63,8 @@ def test_node_names_and_tooltips_are_translated(lang: str) -> None:
 
 
 def _sidebar_keys_used() -> set[str]:
-    return set(re.findall(r"\bt\(\"(\w+)\"", FERRY_JS.read_text()))
+    code = "".join(p.read_text() for p in SIDEBAR_JS)
+    return set(re.findall(r"\bt\(\"(\w+)\"", code))
 
 
 def test_every_sidebar_word_the_code_uses_exists_and_every_one_is_used() -> None:
@@ -76,7 +79,7 @@ def test_every_sidebar_word_the_code_uses_exists_and_every_one_is_used() -> None
 
 def test_the_sidebar_has_no_english_literals_left() -> None:
     # Shown text goes through t(); what is left in quotes is CSS, ids, routes and units.
-    text = FERRY_JS.read_text()
+    text = "".join(p.read_text() for p in SIDEBAR_JS)
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("//"))
     code = re.sub(r"const STYLE = `[\s\S]*?`;", "", code)
     sentences = re.findall(r"[\"'`]([A-Z][a-z]+(?: [A-Za-z→]+)+)", code)

@@ -14,9 +14,13 @@ import pytest
 
 from tests.conftest import PACK_NAME, REPO
 
-PURE_MODULES = ("config", "binding", "dynamic", "stats", "report", "api", "pusher")
+PURE_MODULES = (
+    "config", "binding", "dynamic", "stats", "report", "api", "pusher", "prompt_networks",
+)  # fmt: skip
 COMFY_MODULES = (
     "extension",
+    "graph_plan",
+    "auto_settings",
     "offload_node",
     "loader_node",
     "report_node",

@@ -120,6 +120,8 @@ def test_sidebar_payload_says_what_each_line_is(graph: Graph) -> None:
 def test_panel_rows_say_what_each_line_is(graph: Graph) -> None:
     pytest.importorskip("gradio")
     view = importlib.import_module(f"{PACK_NAME}.web.panel.monitor_view")
+    notes = importlib.import_module(f"{PACK_NAME}.offload_core.planner.notes")
+    notes.remember(f"text encoder: {TE_NAME}", "disk: the planner's sentence")
     snap = monitor.Snapshot([], monitor.read_offloads())
     rows = {
         row[0]: dict(zip(view.OFFLOAD_COLUMNS, row, strict=True)) for row in view.offload_rows(snap)
@@ -131,6 +133,8 @@ def test_panel_rows_say_what_each_line_is(graph: Graph) -> None:
     assert te["on disk GiB"] == round(te_stats.bytes_per_tier["disk"] / units.GIB, 3)
     assert te["disk read GB/s"] == round(te_stats.disk_gbps, 2) and te["waiting s"] >= 0
     assert model["on disk GiB"] == 0 and model["in RAM GiB"] > 0
+    # Why, where the planner chose: the same sentence as the sidebar's line.
+    assert te["why"] == "disk: the planner's sentence" and model["why"] == ""
 
 
 def test_memory_report_says_what_each_line_is(graph: Graph) -> None:

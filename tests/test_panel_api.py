@@ -193,7 +193,9 @@ def test_apply_reoffloads_the_demo_and_the_monitor_shows_it(
     }
     assert all(row[1] > 0 for row in system["data"])
     row = next(r for r in table["data"] if r[0] == handle.kind.line_title(handle.name))
-    assert row[1] == "ram" and row[2] == "3 (0)" and row[-1] >= 1
+    cells = dict(zip(running.sub("web.panel.monitor_view").OFFLOAD_COLUMNS, row, strict=True))
+    assert row[1] == "ram" and row[2] == "3 (0)" and cells["forwards"] >= 1
+    assert cells["why"] == ""  # the panel's Apply chose its settings: no planner sentence
     assert "samples" in status
 
 
@@ -205,6 +207,8 @@ def test_planner_recommends_and_saves_with_one_click(running: RunningPanel, clie
     cols = table["headers"]
     assert len(rows) >= 4 and cols[:3] == ["#", "plan", "s/forward"]
     assert verdict.startswith("✔ recommended: #")
+    # The same planner ComfyUI's "auto" uses, beside the measurements (a CPU: the RAM tier).
+    assert "Ferry's planner (auto, not measured): ram: " in verdict and "ahead" in verdict
     idx = int(verdict.split("#")[1].split()[0])
     best = next(r for r in rows if r[0] == idx)
     assert best[2] == min(r[2] for r in rows if r[5] == "yes" and r[2] is not None)

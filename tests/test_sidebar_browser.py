@@ -47,13 +47,15 @@ export const app = {
     registerSidebarTab(tab) { app.tabs.push(tab); },
     setting: { get: (id) => (window.ferrySettings || {})[id] },
   },
+  // The workflow as the frontend queues it (ferry_plan.js sends its output to /ferry/plan).
+  graphToPrompt: async () => ({ output: { "1": { class_type: "UNETLoader", inputs: {} } } }),
 };
 """
 API_JS = """
 const target = new EventTarget();
 export const api = {
   addEventListener: (type, fn) => target.addEventListener(type, fn),
-  fetchApi: (path) => fetch(path.replace(/^\\//, "/api/")),
+  fetchApi: (path, init) => fetch(path.replace(/^\\//, "/api/"), init),
   // ComfyUI's api dispatches a server event as a CustomEvent whose detail is its data.
   push: (type, data) => target.dispatchEvent(new CustomEvent(type, { detail: data })),
 };
@@ -79,7 +81,8 @@ def site(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     (tmp_path / "scripts" / "api.js").write_text(API_JS)
     ext = tmp_path / "extensions" / "ComfyUI-Ferry"
     ext.mkdir(parents=True)
-    shutil.copy(REPO / "web" / "comfyui" / "ferry.js", ext / "ferry.js")
+    for js in (REPO / "web" / "comfyui").glob("*.js"):  # ferry.js and the modules it imports
+        shutil.copy(js, ext / js.name)
     (tmp_path / "index.html").write_text(PAGE)
     (tmp_path / "api" / "ferry").mkdir(parents=True)
     (tmp_path / "api" / "i18n").write_text(json.dumps(locales.served()))
@@ -102,6 +105,13 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def do_POST(self) -> None:
+        """Answers a POST with the file at its path, as a GET would (the test writes the
+        route's answer there), and keeps the body it was sent beside it (``.sent``)."""
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        Path(self.translate_path(self.path) + ".sent").write_bytes(body)
+        self.do_GET()
 
 
 def cards(page: Any) -> list[dict[str, str]]:
@@ -151,6 +161,38 @@ def test_the_sidebar_shows_a_labelled_card_per_offload(
     assert f"{te['stall_s']:.3f} s" in text, text
     assert "weights on ram" in shown[0]["text"] and "weights on disk" not in shown[0]["text"]
     assert [c["title"] for c in after] == [f"model: {MODEL_NAME}"]
+
+
+def test_plan_this_workflow_lists_each_network_and_why(site: tuple[str, Path]) -> None:
+    url, stats_file = site
+    stats_file.write_text(json.dumps(stats.stats_payload(None, [], None)))
+    plan_file = stats_file.parent / "plan"
+    reason = (
+        "disk: 2.45 GiB text encoder t5, 1.03 GiB RAM available after the model flux's 2.23 GiB"
+    )
+    plan_file.write_text(json.dumps({
+        "fits": True, "verdict": "fits: peak RAM 3.56 GiB (3.58 GiB for Ferry), disk 0 B",
+        "peak_ram": 3.56 * 2**30, "peak_vram": None, "disk_bytes": 0,
+        "networks": [{"name": "t5", "title": "text encoder t5", "tier": "disk",
+                      "files": ["/models/text_encoders/t5.safetensors"], "bytes": 2.45 * 2**30,
+                      "ferry_node": "11", "reason": reason}],
+    }))  # fmt: skip
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30_000)
+            page.goto(url + "/index.html")
+            page.click("#ferry-plan-btn")
+            page.wait_for_selector("#ferry-plan [data-ferry-plan='t5']")
+            text = page.inner_text("#ferry-plan")
+        finally:
+            browser.close()
+    sent = json.loads((stats_file.parent / "plan.sent").read_text())
+    assert sent == {"prompt": {"1": {"class_type": "UNETLoader", "inputs": {}}}}
+    assert "text encoder t5 → disk" in text and "t5.safetensors, 2.45 GiB" in text
+    assert reason in text and "fits: peak RAM 3.56 GiB" in text
+    assert "predicted peak: RAM 3.56 GiB, disk 0 B" in text
 
 
 def test_the_sidebar_speaks_the_users_language(graph: Graph, site: tuple[str, Path]) -> None:

@@ -147,6 +147,14 @@ def _shape_for(size_gb: float, dtype: torch.dtype) -> tuple[int, int, int]:
     return dim, n_double, 2 * n_double
 
 
+def demo_on_meta(size_gb: float = 2.0, dtype: torch.dtype = torch.bfloat16) -> DemoDiT:
+    """The demo model of ``size_gb`` with every tensor on the meta device (no memory): its
+    shapes, for planning it without building it."""
+    dim, n_double, n_single = _shape_for(size_gb, dtype)
+    with torch.device("meta"):
+        return DemoDiT(dim, max(dim // 64, 1), n_double, n_single).to(dtype)
+
+
 def build_demo_model(
     size_gb: float = 2.0, dtype: torch.dtype = torch.bfloat16, seed: int = 0
 ) -> DemoDiT:

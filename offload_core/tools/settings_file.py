@@ -7,7 +7,8 @@ typo fails with a message naming the setting instead of silently running with de
 
     {"ferry_settings": 1,
      "policy": {"level": "block", "blocks_per_group": 2, "tier": "disk", ...},
-     "quant_preset": "none"}
+     "quant_preset": "none",
+     "budgets": {"vram_gb": 10.0, "ram_gb": null}}   (optional: Ferry's budgets)
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import json
 import os
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..disk.durable import atomic_write
 from ..errors import ConfigError
-from ..policy import OffloadPolicy
+from ..policy import OffloadPolicy, parse_gib
+from ..units import GIB
 
 FORMAT_VERSION = 1
 ENV_VAR = "FERRY_SETTINGS"
@@ -61,12 +63,53 @@ def known_quant_presets() -> tuple[str, ...]:
     return tuple(PRESETS)
 
 
+_BUDGET_HELP = "type a number of GiB above 0 (e.g. 16), or leave it empty for no limit"
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Ferry's VRAM and RAM budgets (bytes; None: no cap), set from the sidebar, the panel
+    or the /ferry/budgets route; the planner reads them at each prompt."""
+
+    vram: int | None = None
+    ram: int | None = None
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {
+            k: None if v is None else v / GIB
+            for k, v in (("vram_gb", self.vram), ("ram_gb", self.ram))
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Budgets:
+        if not isinstance(d, dict):
+            raise ConfigError("budgets", f"must be a JSON object, got {type(d).__name__}")
+        unknown = set(d) - {"vram_gb", "ram_gb"}
+        if unknown:
+            raise ConfigError(sorted(unknown)[0], "unknown budget; known: ['ram_gb', 'vram_gb']")
+        return cls(
+            parse_gib("vram_budget_gb", d.get("vram_gb"), _BUDGET_HELP),
+            parse_gib("ram_budget_gb", d.get("ram_gb"), _BUDGET_HELP),
+        )
+
+
 @dataclass(frozen=True)
 class PanelSettings:
-    """What the panel saves: how to offload, and which quantization preset to load with."""
+    """What the panel saves: how to offload, which quantization preset to load with, and
+    Ferry's budgets (None: not given, so saving keeps the budgets the file holds: the
+    panel's form saves a policy without touching what the sidebar set)."""
 
     policy: OffloadPolicy = field(default_factory=OffloadPolicy)
     quant_preset: str = "none"
+    budgets: Budgets | None = None
+
+    @property
+    def vram_budget(self) -> int | None:
+        return None if self.budgets is None else self.budgets.vram
+
+    @property
+    def ram_budget(self) -> int | None:
+        return None if self.budgets is None else self.budgets.ram
 
     def validate(self) -> None:
         if not isinstance(self.policy, OffloadPolicy):
@@ -82,11 +125,14 @@ class PanelSettings:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "ferry_settings": FORMAT_VERSION,
             "policy": self.policy.to_dict(),
             "quant_preset": self.quant_preset,
         }
+        if self.budgets is not None:
+            out["budgets"] = self.budgets.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, d: Any) -> PanelSettings:
@@ -100,10 +146,10 @@ class PanelSettings:
                 f"this Ferry reads settings format {FORMAT_VERSION}, the file says {version!r}; "
                 "save the settings again from the panel",
             )
-        unknown = set(d) - {"ferry_settings", "policy", "quant_preset"}
+        unknown = set(d) - {"ferry_settings", "policy", "quant_preset", "budgets"}
         if unknown:
             raise ConfigError(
-                sorted(unknown)[0], "unknown setting; known: ['policy', 'quant_preset']"
+                sorted(unknown)[0], "unknown setting; known: ['budgets', 'policy', 'quant_preset']"
             )
         policy_dict = d.get("policy", {})
         if not isinstance(policy_dict, dict):
@@ -111,7 +157,8 @@ class PanelSettings:
         quant = d.get("quant_preset", "none")
         if not isinstance(quant, str):
             raise ConfigError("quant_preset", f"must be a preset name, got {quant!r}")
-        settings = cls(policy=OffloadPolicy.from_dict(policy_dict), quant_preset=quant)
+        budgets = Budgets.from_dict(d["budgets"]) if "budgets" in d else None
+        settings = cls(OffloadPolicy.from_dict(policy_dict), quant, budgets)
         settings.validate()
         return settings
 
@@ -143,6 +190,11 @@ def save_settings(settings: PanelSettings, path: str | os.PathLike[str] | None =
     """
     settings.validate()
     p = Path(path) if path is not None else default_settings_path()
+    if settings.budgets is None:  # not given: keep the file's (Budgets' docstring)
+        try:
+            settings = replace(settings, budgets=load_settings(p).budgets)
+        except ConfigError:
+            pass  # a broken file is being replaced: nothing in it to keep
     text = json.dumps(settings.to_dict(), indent=2, sort_keys=True) + "\n"
     with ExitStack() as stack:
         try:
@@ -154,3 +206,12 @@ def save_settings(settings: PanelSettings, path: str | os.PathLike[str] | None =
             raise ConfigError("settings_file", msg) from e
         f.write(text.encode("utf-8"))
     return p
+
+
+def save_budgets(budgets: Budgets, path: str | os.PathLike[str] | None = None) -> PanelSettings:
+    """Sets Ferry's budgets in the settings file, keeping its other settings (a broken file
+    is refused: its error names what to fix). Returns what was saved."""
+    current = load_settings(path)
+    saved = replace(current, budgets=budgets)
+    save_settings(saved, path)
+    return saved

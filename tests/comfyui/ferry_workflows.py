@@ -64,6 +64,10 @@ def ferry(**over: Any) -> tuple[str, dict[str, Any]]:
     return ("FerryOffloadModel", inputs)
 
 
+#: Every setting the planner chooses, on "auto" (issue 37).
+AUTO = {"tier": "auto", "blocks_per_group": "auto", "prefetch_depth": "auto", "vram_budget": "auto"}
+
+
 def lora(strength: float = 1.0) -> tuple[str, dict[str, Any]]:
     return ("LoraLoaderModelOnly", {"lora_name": LORA_FILE, "strength_model": strength})
 

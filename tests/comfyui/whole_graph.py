@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from conftest import comfy_checkout, make_base, run_maker
-from ferry_workflows import ferry
+from ferry_workflows import AUTO, ferry
 from make_text_encoders import BIG_T5XXL_FILE
 from make_whole_graph import MODEL_FILE, VAE_FILE
 
@@ -31,7 +31,8 @@ T5_LAYERS = 36  # the T5: 2.3-2.5 GB of float16 (its width is the core's detecti
 
 @dataclass(frozen=True)
 class Variant:
-    """Which halves of the graph go through Ferry, and the offload nodes' tier."""
+    """Which halves of the graph go through Ferry, and the offload nodes' tier ("auto": every
+    setting the planner chooses is on auto)."""
 
     name: str
     text_encoder: bool
@@ -41,6 +42,7 @@ class Variant:
 
 PLAIN = Variant("plain", text_encoder=False, model=False)
 FERRY_BOTH = Variant("ferry-both", text_encoder=True, model=True)
+FERRY_AUTO = Variant("ferry-auto", text_encoder=True, model=True, tier="auto")
 VARIANTS = (
     PLAIN,
     Variant("ferry-text-encoder", text_encoder=True, model=False),
@@ -59,6 +61,10 @@ def make_graph_base(base: Path) -> None:
     run_maker(base, py, comfy, "make_whole_graph.py", str(DEPTH), timeout=600)
 
 
+def _widgets(v: Variant) -> dict[str, Any]:
+    return ferry(**AUTO)[1] if v.tier == "auto" else ferry(tier=v.tier)[1]
+
+
 def whole_graph(v: Variant, prefix: str, steps: int = 2, size: int = 64) -> dict[str, Any]:
     """The API-format workflow; the latent is saved as ``<prefix>`` (SaveLatent) and the image
     as output/<prefix>-image.safetensors (``outputs`` reads both)."""
@@ -71,7 +77,7 @@ def whole_graph(v: Variant, prefix: str, steps: int = 2, size: int = 64) -> dict
     if v.text_encoder:
         g["11"] = {
             "class_type": "FerryOffloadTextEncoder",
-            "inputs": {"clip": clip, **ferry(tier=v.tier)[1]},
+            "inputs": {"clip": clip, **_widgets(v)},
         }
         clip = ["11", 0]
     if v.model:
@@ -84,7 +90,7 @@ def whole_graph(v: Variant, prefix: str, steps: int = 2, size: int = 64) -> dict
         g["2"] = {"class_type": "FerryLoadDiffusionModelQuantized", "inputs": inputs}
         g["12"] = {
             "class_type": "FerryOffloadModel",
-            "inputs": {"model": ["2", 0], **ferry(tier=v.tier)[1]},
+            "inputs": {"model": ["2", 0], **_widgets(v)},
         }
         model = ["12", 0]
     else:

@@ -7,6 +7,7 @@
 // settings.json and nodeDefs.json, which core serves merged at GET /i18n.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
+import { planSection } from "./ferry_plan.js";
 
 const EXT = "Ferry.Sidebar";
 const SETTING_POLL = "Ferry.Sidebar.PollSeconds";
@@ -152,6 +153,8 @@ function renderOffload(o) {
     row(t("transfer"), `${Number(o.transfer_s || 0).toFixed(3)} s`),
     row(t("forwards"), String(o.forwards)),
   );
+  if (o.disk_read_last_prompt) card.append(row(t("diskReadPrompt"), fmtBytes(o.disk_read_last_prompt)));
+  if (o.why) card.append(el("div", { class: "ferry-why" }, o.why));
   return card;
 }
 
@@ -249,6 +252,9 @@ const STYLE = `
 .ferry-btn { margin: 4px 0; padding: 4px 10px; border-radius: 4px; cursor: pointer; }
 .ferry-status { font-size: 11px; margin: 4px 0; word-break: break-all; }
 .ferry-spark { display: block; margin: 2px 0 4px; }
+.ferry-why { font-size: 11px; opacity: 0.85; margin-top: 3px; }
+.ferry-fits { font-size: 11px; margin: 4px 0; color: #5c5; }
+.ferry-plan { padding: 8px 10px 0; font-size: 12px; line-height: 1.45; }
 `;
 
 app.registerExtension({
@@ -282,7 +288,10 @@ app.registerExtension({
       type: "custom",
       render(container) {
         state.root = el("div", { class: "ferry-tab", id: "ferry-sidebar" });
-        container.replaceChildren(state.root);
+        // The plan section sits above the live part, in one scrolling column: render()
+        // redraws only state.root, so a budget being typed keeps its focus.
+        const column = el("div", { style: { height: "100%", overflowY: "auto" } }, planSection(t), state.root);
+        container.replaceChildren(column);
         startPolling();
         render();
       },

@@ -12,6 +12,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from ...offload_core.planner import notes
 from ...offload_core.tools.monitor import Snapshot
 from ...offload_core.units import GIB
 from .compat import private_api
@@ -33,7 +34,7 @@ RAM_SERIES = (
 SYSTEM_SERIES = (("system_available", "still available"),)
 OFFLOAD_COLUMNS = [
     "offloaded", "tier", "groups (resident)", "on GPU GiB", "in RAM GiB", "on disk GiB",
-    "GPU copy GB/s", "disk read GB/s", "waiting s", "overlap %", "forwards",
+    "GPU copy GB/s", "disk read GB/s", "waiting s", "overlap %", "forwards", "why",
 ]  # fmt: skip
 
 
@@ -75,6 +76,7 @@ def offload_rows(snap: Snapshot) -> list[list[Any]]:
             num(s.get("stall_s"), nd=3),
             num(s.get("overlap"), 100.0, 1),
             s.get("forwards", "-"),
+            notes.why(o.title) or "",  # the planner's sentence, where it chose the settings
         ])  # fmt: skip
     return out
 

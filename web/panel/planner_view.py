@@ -13,6 +13,7 @@ from ...offload_core.model.demo import size_gb_for_gib
 from ...offload_core.policy import OffloadPolicy
 from ...offload_core.runtime.memory import system_available_ram
 from ...offload_core.tools.autotune import Budget, TuneResult, autotune, demo_factory
+from ...offload_core.tools.machine_plan import plan_test_model
 from ...offload_core.tools.settings_file import PanelSettings
 from ...offload_core.units import GIB
 from .context import PanelContext
@@ -78,7 +79,12 @@ def run_planner(
         ctx.run_lock.release()
     table, points = result_frames(result)
     best = result.recommended
-    return table, points, points, result.reason, (best.policy.to_dict() if best else None)
+    # Beside what was measured: what Ferry's planner chooses for it without measuring (the
+    # choice "auto" gets in ComfyUI), in its own sentence.
+    plan = plan_test_model(float(size_gb_for_gib(float(size_gb))), onload_device=ctx.onload_device,
+                           disk_path=disk, vram_budget=budget.vram_bytes, ram_budget=budget.ram_bytes)  # fmt: skip
+    reason = f"{result.reason}\n\nFerry's planner (auto, not measured): {plan.choices[0].reason}"
+    return table, points, points, reason, (best.policy.to_dict() if best else None)
 
 
 def planner_event(ctx: PanelContext, vram_gb: Any, ram_gb: Any, size_gb: Any, disk_path: str,

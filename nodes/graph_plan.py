@@ -1,0 +1,181 @@
+"""The planner in ComfyUI: a queued prompt's networks (prompt_networks.py) planned together
+on this machine as core counts it, once per prompt, for every Ferry node of the prompt and
+for the pre-flight route alike.
+
+Core's figures: free VRAM as ``comfy.model_management.get_free_memory`` counts it (what its
+own models could free included), the pin limit ``MAX_PINNED_MEMORY`` (core pins nothing
+where it is <= 0), the dtype core loads each kind in. The RAM that live Ferry layouts hold
+counts as available: a prompt that plans them again replaces or keeps them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import comfy.model_management as mm
+import folder_paths
+import torch
+
+from ..offload_core.planner import Choice, GraphPlan, MachineFacts, disk_speed, plan_graph
+from ..offload_core.planner.facts import Kind, Wish
+from ..offload_core.planner.machine import read_machine
+from ..offload_core.runtime.memory import process_memory
+from ..offload_core.tools.monitor import read_offloads
+from .config import wish_from_widgets
+from .prompt_networks import FERRY_NODES, PromptNetwork, prompt_networks
+
+log = logging.getLogger("ferry")
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    networks: tuple[PromptNetwork, ...]
+    plan: GraphPlan
+
+    def choice_for(self, ferry_id: str) -> Choice | None:
+        for n, c in zip(self.networks, self.plan.choices):
+            if n.ferry_id == ferry_id:
+                return c
+        return None
+
+    def as_dict(self) -> dict[str, Any]:
+        body = self.plan.as_dict()
+        for entry, n in zip(body["networks"], self.networks):
+            entry.update(loader_node=n.loader_id, ferry_node=n.ferry_id, files=list(n.files))
+        return body
+
+
+def _cast(kind: Kind) -> Callable[[torch.dtype, int], torch.dtype | None]:
+    """The dtype core loads a file's floating weights in, as its loaders choose it."""
+    device = mm.get_torch_device()
+
+    def rule(stored: torch.dtype, params: int) -> torch.dtype | None:
+        if kind == "model":
+            return mm.unet_dtype(device, model_params=params, weight_dtype=stored)  # type: ignore[no-any-return]
+        if kind == "vae":
+            return mm.vae_dtype(device)  # type: ignore[no-any-return]
+        if stored.itemsize == 1:  # fp8 text encoders keep their storage (cast per use)
+            return None
+        return mm.text_encoder_dtype(device)  # type: ignore[no-any-return]
+
+    return rule
+
+
+def _find(folder: str, name: str) -> str | None:
+    try:
+        return folder_paths.get_full_path(folder, name)  # type: ignore[no-any-return]
+    except KeyError:  # a folder name this core does not know (a pack's, not installed)
+        return None
+
+
+def _pin_limit() -> int | None:
+    limit = getattr(mm, "MAX_PINNED_MEMORY", None)
+    return None if limit is None else max(0, int(limit))
+
+
+def _live_host_ram() -> int:
+    """RAM the live Ferry layouts hold in their pinned and RAM tiers."""
+    total = 0
+    for o in read_offloads():
+        tiers = o.stats.get("bytes_per_tier") or {}
+        total += int(tiers.get("pinned") or 0) + int(tiers.get("ram") or 0)
+    return total
+
+
+def _record_disk_speeds() -> None:
+    """Keeps the read speed each live disk layout measured in its folder (disk_speed.py): the
+    next plan uses it instead of an assumed one. A layout read from its own checkpoint wrote
+    no folder, and its speed is that file's disk's: nothing is kept for it."""
+    for o in read_offloads():
+        folder, gbps = o.stats.get("disk_folder"), o.stats.get("disk_gbps")
+        if folder and gbps:
+            disk_speed.record(os.path.dirname(os.path.normpath(folder)), float(gbps))
+
+
+def host_machine(disk_folder: str | None, budgets: tuple[int | None, int | None]) -> MachineFacts:
+    """This machine as core counts it; ``budgets``: the user's (VRAM, RAM) caps."""
+    _record_disk_speeds()
+    device = mm.get_torch_device()
+    vram = None if device.type == "cpu" else int(mm.get_free_memory(device))
+    on_gpu = vram is not None
+    machine = read_machine(
+        vram_free=vram,
+        disk_folder=disk_folder,
+        pin_limit=_pin_limit() if on_gpu else None,
+        vram_budget=budgets[0],
+        ram_budget=budgets[1],
+    )
+    return replace(machine, ram_available=machine.ram_available + _live_host_ram())
+
+
+def disk_folder_of(widgets: dict[str, Any], default: str) -> str:
+    """A Ferry node's disk folder: its disk_path widget where it holds a full path, else the
+    host's default (ComfyUI's temp folder)."""
+    path = widgets.get("disk_path")
+    if isinstance(path, str) and path.strip() and os.path.isabs(os.path.expanduser(path.strip())):
+        return path.strip()
+    return default
+
+
+def _disk_folder(prompt: dict[str, Any], default: str) -> str:
+    """The disk folder of the prompt's first Ferry node that names one, else the default."""
+    for node in prompt.values():
+        if isinstance(node, dict) and node.get("class_type") in FERRY_NODES:
+            path = disk_folder_of(node.get("inputs", {}), "")
+            if path:
+                return path
+    return default
+
+
+def plan_prompt(
+    prompt: dict[str, Any],
+    *,
+    default_folder: str,
+    budgets: tuple[int | None, int | None] = (None, None),
+    panel_wish: Wish | None = None,
+    held: dict[str, int] | None = None,
+) -> PromptPlan:
+    """Plans every network ``prompt`` loads (headers only). ``panel_wish``: the Ferry panel's
+    saved settings, for a node with use_panel_settings on. ``held``: Ferry node id -> the
+    bytes its network already holds in RAM (a core loader read it whole): laying it out
+    moves them, and the process's RAM now already counts them."""
+
+    def wish_of(inputs: dict[str, Any]) -> Wish:
+        if inputs.get("use_panel_settings") and panel_wish is not None:
+            return panel_wish
+        return wish_from_widgets(inputs)
+
+    held = held or {}
+    networks = [
+        replace(n, facts=replace(n.facts, held_bytes=held.get(n.ferry_id or "", 0)))
+        for n in prompt_networks(prompt, _find, _cast, wish_of)
+    ]
+    machine = host_machine(_disk_folder(prompt, default_folder), budgets)
+    process = max(0, process_memory().rss - sum(n.facts.held_bytes for n in networks))
+    plan = plan_graph(machine, [n.facts for n in networks], process_ram=process)
+    return PromptPlan(tuple(networks), plan)
+
+
+_last: dict[str, Any] = {"key": None, "plan": None}
+
+
+def plan_once(
+    prompt: dict[str, Any], held: Callable[[], dict[str, int]] | None = None, **kw: Any
+) -> PromptPlan:
+    """``plan_prompt``, once per prompt: every Ferry node of one prompt gets its choice from
+    the same plan (the machine changes as the first network is laid out). ``held`` is asked
+    only when planning: the first node tells what its own network holds in RAM."""
+    key = json.dumps(prompt, sort_keys=True, default=str) + repr(sorted(kw.items()))
+    if _last["key"] != key:
+        _last["plan"] = plan_prompt(prompt, held=held() if held else None, **kw)
+        _last["key"] = key
+        for n, c in zip(_last["plan"].networks, _last["plan"].plan.choices):
+            log.info(
+                "ferry plan: %s (%s): %s", c.network.title, n.ferry_id or "no Ferry node", c.reason
+            )
+    return _last["plan"]  # type: ignore[no-any-return]

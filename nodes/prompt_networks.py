@@ -1,0 +1,202 @@
+"""The networks a queued prompt loads, read from the prompt (API format) and their files'
+headers alone: which loader loads which file, which Ferry node (if any) offloads it with
+which settings, and how often a prompt reads it.
+
+Pure (no ComfyUI import): where a file is and how the host casts it come in as functions,
+so CI walks prompts of any shape (tests/test_prompt_networks.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from ..offload_core.errors import ConfigError
+from ..offload_core.planner.facts import Kind, NetworkFacts, Wish
+from ..offload_core.planner.network_file import network_from_file
+
+
+@dataclass(frozen=True)
+class Loader:
+    kind: Kind
+    folder: str
+    files: tuple[str, ...]  # the inputs naming a file, in order
+    #: Where this network's tensors are in the file: the first prefix that has any (a
+    #: checkpoint holds three networks, each under its own prefix, which differ by family).
+    prefixes: tuple[str, ...] = ("",)
+
+
+def _one(kind: Kind, folder: str, *files: str) -> tuple[Loader, ...]:
+    return (Loader(kind, folder, files),)
+
+
+#: Checkpoint loaders: the diffusion model, the text encoders and the VAE in one file.
+_CHECKPOINT = (
+    Loader("model", "checkpoints", ("ckpt_name",), ("model.diffusion_model.",)),
+    Loader("text_encoder", "checkpoints", ("ckpt_name",),
+           ("conditioner.embedders.", "cond_stage_model.", "text_encoders.")),
+    Loader("vae", "checkpoints", ("ckpt_name",), ("first_stage_model.", "vae.")),
+)  # fmt: skip
+#: The loaders whose files the planner reads (core's, Ferry's, ComfyUI-GGUF's): the networks
+#: each one's outputs carry.
+LOADERS: Mapping[str, tuple[Loader, ...]] = {
+    "UNETLoader": _one("model", "diffusion_models", "unet_name"),
+    "FerryLoadDiffusionModelQuantized": _one("model", "diffusion_models", "unet_name"),
+    "UnetLoaderGGUF": _one("model", "unet", "unet_name"),
+    "UnetLoaderGGUFAdvanced": _one("model", "unet", "unet_name"),
+    "CheckpointLoaderSimple": _CHECKPOINT,
+    "CLIPLoader": _one("text_encoder", "text_encoders", "clip_name"),
+    "FerryLoadTextEncoder": _one("text_encoder", "text_encoders", "clip_name"),
+    "DualCLIPLoader": _one("text_encoder", "text_encoders", "clip_name1", "clip_name2"),
+    "FerryLoadTextEncoderDual": _one("text_encoder", "text_encoders", "clip_name1", "clip_name2"),
+    "TripleCLIPLoader": _one(
+        "text_encoder", "text_encoders", "clip_name1", "clip_name2", "clip_name3"
+    ),
+    "CLIPLoaderGGUF": _one("text_encoder", "clip", "clip_name"),
+    "DualCLIPLoaderGGUF": _one("text_encoder", "clip", "clip_name1", "clip_name2"),
+    # Listed for its RAM: the plan's peak counts it (no Ferry node offloads a VAE).
+    "VAELoader": _one("vae", "vae", "vae_name"),
+}
+#: Ferry's offload nodes: the input its network comes in on, and what that network is.
+FERRY_NODES: Mapping[str, tuple[str, Kind]] = {
+    "FerryOffloadModel": ("model", "model"),
+    "FerryOffloadTextEncoder": ("clip", "text_encoder"),
+}
+#: Samplers whose steps say how often a prompt reads the diffusion model.
+SAMPLERS = ("KSampler", "KSamplerAdvanced")
+DEFAULT_STEPS = 20
+
+#: ``find(folder, file name)`` -> the file's full path, or None.
+Find = Callable[[str, str], "str | None"]
+#: ``cast(kind)`` -> how the host loads that kind's floating weights: a dtype, None (as
+#: stored), or a rule of the file's dtype and size (``network_from_file``'s ``cast``).
+Cast = Callable[[Kind], "torch.dtype | Callable[[torch.dtype, int], torch.dtype | None] | None"]
+#: ``wish(inputs)`` -> what a Ferry node's widgets ask for (ConfigError naming a widget).
+WishOf = Callable[[dict[str, Any]], Wish]
+
+
+@dataclass(frozen=True)
+class PromptNetwork:
+    """One network of the prompt: its loader's node, the Ferry node offloading it (None:
+    none), its files and its figures."""
+
+    loader_id: str
+    ferry_id: str | None
+    files: tuple[str, ...]
+    facts: NetworkFacts
+
+
+def _upstream_loader(prompt: dict[str, Any], node_id: str, key: str) -> str | None:
+    """The loader the input ``key`` of ``node_id`` comes from, through nodes that pass a
+    network on (LoRA loaders, model patches): each is followed by its own ``key`` input."""
+    seen: set[str] = set()
+    link = prompt[node_id].get("inputs", {}).get(key)
+    while isinstance(link, list) and link and str(link[0]) not in seen:
+        src = str(link[0])
+        seen.add(src)
+        node = prompt.get(src) or {}
+        if node.get("class_type") in LOADERS:
+            return src
+        link = node.get("inputs", {}).get(key)
+    return None
+
+
+def reads_per_prompt(prompt: dict[str, Any]) -> float:
+    """How often a prompt reads the diffusion model: each sampler's steps, twice a step
+    where its cfg is not 1 (the negative prompt runs too); the largest sampler's."""
+    reads = []
+    for node in prompt.values():
+        inputs = node.get("inputs", {})
+        if node.get("class_type") in SAMPLERS and isinstance(inputs.get("steps"), int):
+            cfg = inputs.get("cfg", 1.0)
+            passes = 1 if isinstance(cfg, (int, float)) and cfg == 1.0 else 2
+            reads.append(float(inputs["steps"] * passes))
+    return max(reads, default=float(DEFAULT_STEPS * 2))
+
+
+#: A loader's ``weight_dtype`` widget (UNETLoader's, Ferry's loader's): the dtype it loads in.
+WEIGHT_DTYPES = {
+    "fp8_e4m3fn": torch.float8_e4m3fn,
+    "fp8_e4m3fn_fast": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+
+def _part(path: str, spec: Loader, name: str, rule: Any, widget: str) -> NetworkFacts | None:
+    """The network ``spec`` finds in ``path`` under its first prefix that has tensors."""
+    for prefix in spec.prefixes:
+        facts = network_from_file(
+            path, name=name, kind=spec.kind, prefix=prefix, cast=rule, setting=widget
+        )
+        if facts.nbytes:
+            return facts
+    return None
+
+
+def _facts(
+    loader_id: str, node: dict[str, Any], spec: Loader, find: Find, cast: Cast
+) -> NetworkFacts | None:
+    """The network ``spec`` reads from the loader node's files (None: none of its tensors
+    are there, e.g. a checkpoint without a VAE)."""
+    rule = WEIGHT_DTYPES.get(node.get("inputs", {}).get("weight_dtype")) or cast(spec.kind)
+    parts = []
+    for widget in spec.files:
+        name = node.get("inputs", {}).get(widget)
+        path = find(spec.folder, name) if isinstance(name, str) else None
+        if path is None:
+            raise ConfigError(widget, f"{name!r} is not in models/{spec.folder} (node {loader_id})")
+        stem = os.path.splitext(os.path.basename(name))[0]  # type: ignore[arg-type]
+        part = _part(path, spec, stem, rule, widget)
+        if part is not None:
+            parts.append(part)
+    if not parts:
+        return None
+    return replace(
+        parts[0],
+        name=" + ".join(p.name for p in parts),
+        nbytes=sum(p.nbytes for p in parts),
+        block_bytes=tuple(b for p in parts for b in p.block_bytes),
+        longest_list=max(p.longest_list or len(p.block_bytes) for p in parts),
+        in_place=all(p.in_place for p in parts),
+        file=" + ".join(p.file or "" for p in parts),
+    )
+
+
+def prompt_networks(
+    prompt: dict[str, Any], find: Find, cast: Cast, wish_of: WishOf
+) -> list[PromptNetwork]:
+    """Every network ``prompt`` loads, Ferry's or not: diffusion models, text encoders, VAEs."""
+    if not isinstance(prompt, dict):
+        raise ConfigError(
+            "prompt", "send the workflow in API format: {node id: {class_type, inputs}}"
+        )
+    ferry_of: dict[tuple[str, str], str] = {}
+    for node_id, node in prompt.items():
+        key, kind = (
+            FERRY_NODES.get(node.get("class_type", ""), ("", ""))
+            if isinstance(node, dict)
+            else ("", "")
+        )
+        loader = _upstream_loader(prompt, node_id, key) if key else None
+        if loader is not None:
+            ferry_of.setdefault((loader, kind), node_id)
+    steps = reads_per_prompt(prompt)
+    out = []
+    for loader_id, node in prompt.items():
+        specs = LOADERS.get(node.get("class_type", "")) if isinstance(node, dict) else None
+        for spec in specs or ():
+            facts = _facts(loader_id, node, spec, find, cast)
+            if facts is None:
+                continue
+            ferry_id = ferry_of.get((loader_id, spec.kind))
+            wish = wish_of(prompt[ferry_id].get("inputs", {})) if ferry_id else Wish()
+            reads = steps if facts.kind == "model" else 1.0
+            facts = replace(facts, wish=wish, ferry=ferry_id is not None, reads_per_prompt=reads)
+            files = tuple((facts.file or "").split(" + "))
+            out.append(PromptNetwork(loader_id, ferry_id, files, facts))
+    order = {"model": 0, "text_encoder": 1, "vae": 2}
+    return sorted(out, key=lambda n: (order[n.facts.kind], n.loader_id))

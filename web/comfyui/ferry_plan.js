@@ -1,0 +1,109 @@
+// Ferry's pre-flight and budgets in the sidebar (ferry.js draws them): "Plan this workflow"
+// sends the workflow as the frontend queues it to /ferry/plan, which reads only the files'
+// headers, and lists each network the graph loads, where Ferry puts it and why, and the
+// predicted peaks with "fits" or what to change. The budgets box sets Ferry's VRAM and RAM
+// budgets (/ferry/budgets, kept in the settings file), used from the next prompt on.
+// Kept apart from ferry.js so that file's own drawing stays as it is; its words are the
+// sidebar's (locales/<lang>/main.json, ferry.sidebar), through the t() ferry.js hands it.
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+
+const plan = { result: null, status: "" };
+let t = (key) => key; // ferry.js's translator, set by planSection
+
+function node(tag, attrs = {}, ...children) {
+  const n = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k.startsWith("on")) n.addEventListener(k.slice(2), v);
+    else n.setAttribute(k, v);
+  }
+  for (const c of children) n.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return n;
+}
+
+function gib(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = Number(n);
+  let i = 0;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i += 1;
+  }
+  return i === 0 ? `${v.toFixed(0)} B` : `${v.toFixed(2)} ${units[i]}`;
+}
+
+async function postJson(path, body) {
+  const r = await api.fetchApi(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  return [r.ok, await r.json()];
+}
+
+async function planWorkflow(redraw) {
+  plan.status = t("planning");
+  redraw();
+  try {
+    const queued = await app.graphToPrompt(); // { output: API-format prompt, workflow }
+    const [ok, data] = await postJson("/ferry/plan", { prompt: queued.output });
+    plan.result = ok ? data : null;
+    plan.status = ok ? "" : t("planError", { error: data.error });
+  } catch (e) {
+    plan.status = t("planError", { error: e });
+  }
+  redraw();
+}
+
+async function saveBudgets(vram, ram, redraw) {
+  const [ok, data] = await postJson("/ferry/budgets", { vram_gb: vram || null, ram_gb: ram || null });
+  plan.status = ok ? t("budgetsSaved") : t("budgetsError", { error: data.error });
+  redraw();
+}
+
+function budgetBox(redraw) {
+  const vram = node("input", { id: "ferry-budget-vram", size: 5, placeholder: t("budgetNone") });
+  const ram = node("input", { id: "ferry-budget-ram", size: 5, placeholder: t("budgetNone") });
+  api.fetchApi("/ferry/budgets").then(async (r) => {
+    const b = r.ok ? (await r.json()).budgets : {};
+    vram.value = b.vram_gb ?? "";
+    ram.value = b.ram_gb ?? "";
+  });
+  const save = node("button", { class: "ferry-btn", onclick: () => saveBudgets(vram.value, ram.value, redraw) }, t("saveBudgets"));
+  return node("div", { class: "ferry-budgets" }, `${t("budgetVram")} `, vram, ` ${t("budgetRam")} `, ram, " ", save);
+}
+
+function networkCard(n) {
+  const file = (n.files || []).map((f) => f.split(/[\\/]/).pop()).join(" + ");
+  return node(
+    "div",
+    { class: "ferry-card", "data-ferry-plan": n.name },
+    node("div", { class: "ferry-name" }, `${n.title} → ${n.tier}`),
+    node("div", { class: "ferry-muted" }, `${file}, ${gib(n.bytes)}${n.ferry_node ? "" : ` (${t("noFerryNode")})`}`),
+    node("div", { class: "ferry-why" }, n.reason),
+  );
+}
+
+function drawResult(out) {
+  const children = [];
+  if (plan.status) children.push(node("div", { class: "ferry-status" }, plan.status));
+  const p = plan.result;
+  if (p) {
+    children.push(node("div", { class: p.fits ? "ferry-fits" : "ferry-status" }, p.verdict));
+    const peaks = { vram: gib(p.peak_vram), ram: gib(p.peak_ram), disk: gib(p.disk_bytes) };
+    const predicted = p.peak_vram === null ? t("predictedPeak", peaks) : t("predictedPeakVram", peaks);
+    children.push(node("div", { class: "ferry-muted" }, predicted));
+    for (const n of p.networks) children.push(networkCard(n));
+  }
+  out.replaceChildren(...children);
+}
+
+// The sidebar's plan section, built once per sidebar (ferry.js redraws its own part every
+// second; this part only on its own events, so a budget being typed keeps its focus).
+export function planSection(translate) {
+  t = translate;
+  const out = node("div", { id: "ferry-plan-result" });
+  const redraw = () => drawResult(out);
+  const box = node("div", { class: "ferry-plan", id: "ferry-plan" }, node("h4", {}, t("plan")));
+  box.append(node("button", { class: "ferry-btn", id: "ferry-plan-btn", onclick: () => planWorkflow(redraw) }, t("planThisWorkflow")));
+  box.append(budgetBox(redraw), out);
+  redraw();
+  return box;
+}
