@@ -13,6 +13,7 @@ The only file of webui/ that imports the WebUI's own modules (``modules.*``, For
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -52,7 +53,7 @@ def load() -> type | None:
     if host is None:
         say_once(NO_FORGE)
         return None
-    script_callbacks.on_app_started(add_routes)
+    script_callbacks.on_app_started(functools.partial(add_routes, host=host))
     return script_class(host)
 
 
@@ -70,7 +71,17 @@ def forge_host(gradio: Any) -> Host | None:
         gr=gradio,
         input_accordion=InputAccordion,
         default_disk_path=os.path.join(paths_internal.data_path, "ferry-offload"),
+        loaded_model=loaded_model,
     )
+
+
+def loaded_model() -> Any:
+    """The checkpoint Forge has loaded, or None: ``model_data.sd_model`` never loads one
+    (``shared.sd_model`` does, when none is). Forge's stand-in before the first load has no
+    ``forge_objects``: webui/plan.py says "no checkpoint" for it."""
+    from modules import sd_models  # type: ignore[import-not-found]
+
+    return sd_models.model_data.sd_model
 
 
 def forge_panel_options() -> dict[str, Any]:

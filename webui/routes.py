@@ -1,4 +1,6 @@
-"""``GET /ferry/stats`` in a WebUI: the live offloads and how often they were laid out.
+"""``GET /ferry/stats`` in a WebUI: the live offloads and how often they were laid out; and
+``GET /ferry/plan``: the accordion's Plan button's text (webui/plan.py) for the loaded
+checkpoint, the accordion's values as query parameters (each one's default the accordion's).
 
 The WebUI's own API (``/sdapi/v1/*``) knows nothing of Ferry; this route lets a script or a
 test see where the UNet's and the text encoder's weights are without the panel: each live
@@ -9,11 +11,15 @@ last refusal.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..offload_core.tools.monitor import read_offloads
 from ..offload_core.tools.settings_file import default_settings_path
+from .controls import CONTROLS, DEFAULTS
 from .layout import COUNTS
+from .plan import plan_text
+from .script import Host
 
 
 def stats() -> dict[str, Any]:
@@ -27,6 +33,31 @@ def stats() -> dict[str, Any]:
     }
 
 
-def add_routes(_demo: Any, app: Any) -> None:
-    """``script_callbacks.on_app_started`` callback (FastAPI ``app``)."""
+def plan_route(host: Host) -> Callable[..., dict[str, Any]]:
+    """``GET /ferry/plan``: ``{"text": ...}``, what the Plan button shows for these values."""
+    d = DEFAULTS
+
+    def plan(
+        enabled: bool = d["enabled"], level: str = d["level"],
+        blocks_per_group: int = d["blocks_per_group"], tier: str = d["tier"],
+        disk_path: str = d["disk_path"], prefetch_depth: int = d["prefetch_depth"],
+        vram_budget: str = d["vram_budget"], use_saved: bool = d["use_saved"],
+        text_encoder: bool = d["text_encoder"],
+    ) -> dict[str, Any]:  # fmt: skip
+        given = locals()
+        values = tuple(given[cid] for cid, _ in CONTROLS)
+        text = plan_text(
+            host.loaded_model(), values, default_disk_path=host.default_disk_path,
+            load_saved=host.load_saved,
+        )  # fmt: skip
+        return {"text": text}
+
+    return plan
+
+
+def add_routes(_demo: Any, app: Any, host: Host | None = None) -> None:
+    """``script_callbacks.on_app_started`` callback (FastAPI ``app``); ``host``: Forge's
+    parts, for the plan route (entry.py binds it)."""
     app.add_api_route("/ferry/stats", stats, methods=["GET"])
+    if host is not None:
+        app.add_api_route("/ferry/plan", plan_route(host), methods=["GET"])

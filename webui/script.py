@@ -39,6 +39,7 @@ from .controls import (
 from .layout import COUNTS, ForgeLayout, TextEncoderLayout, UnetLayout
 from .low_bit import check_weights
 from .patcher import ferry_clone
+from .plan import plan_text
 from .text_encoder_patcher import (
     TextEncoderPatcherMixin,
     ferry_text_encoder_clone,
@@ -60,6 +61,7 @@ GPU_WEIGHTS_NOTE = (
     "text encoder unless it goes through Ferry too. The disk folder is not written into the "
     "image's parameters."
 )
+PLAN_LABEL = "Plan: where would Ferry put this checkpoint?"
 TEXT_ENCODER_INFO = (
     "The CLIP / T5 text encoders stream the same way, with the settings above, while Forge "
     "encodes the prompt. Forge has read them whole into RAM when it loaded the checkpoint: "
@@ -77,6 +79,8 @@ class Host:
     input_accordion: Callable[..., Any]  # modules.ui_components.InputAccordion
     default_disk_path: str  # the disk tier's folder when the Disk folder box is empty
     load_saved: Callable[[], Any] = load_settings
+    #: The checkpoint Forge has loaded now, or None; never loads one (the Plan button).
+    loaded_model: Callable[[], Any] = lambda: None
 
 
 def requested(
@@ -272,12 +276,32 @@ def accordion(host: Host, is_img2img: bool) -> list[Any]:
             label="Use saved settings (the Ferry tab's Save, shared with ComfyUI; the controls "
             "above are then ignored)",
         )  # fmt: skip
-        text_encoder = gr.Checkbox(
-            value=DEFAULTS["text_encoder"], elem_id=f"{tab}_ferry_text_encoder",
-            label=LABELS["text_encoder"], info=TEXT_ENCODER_INFO,
+        return foot(host, tab, enabled, level, blocks, tier, disk_path, prefetch, budget, use_saved)
+
+
+def foot(host: Host, tab: str, *controls: Any) -> list[Any]:
+    """The accordion's last control (the text-encoder box), its note, and the Plan button with
+    the Markdown it fills (webui/plan.py); returns every control (``controls``: the others).
+    The button and its text are no controls: the script's values stay the nine of
+    ``CONTROLS``."""
+    gr = host.gr
+    text_encoder = gr.Checkbox(
+        value=DEFAULTS["text_encoder"], elem_id=f"{tab}_ferry_text_encoder",
+        label=LABELS["text_encoder"], info=TEXT_ENCODER_INFO,
+    )  # fmt: skip
+    gr.Markdown(GPU_WEIGHTS_NOTE)
+    every = [*controls, text_encoder]
+    button = gr.Button(PLAN_LABEL, elem_id=f"{tab}_ferry_plan", size="sm")
+    shown = gr.Markdown("", elem_id=f"{tab}_ferry_plan_text")
+
+    def show(*values: Any) -> str:
+        return plan_text(
+            host.loaded_model(), values, default_disk_path=host.default_disk_path,
+            load_saved=host.load_saved,
         )  # fmt: skip
-        gr.Markdown(GPU_WEIGHTS_NOTE)
-    return [enabled, level, blocks, tier, disk_path, prefetch, budget, use_saved, text_encoder]
+
+    button.click(show, inputs=every, outputs=[shown], show_progress="minimal")
+    return every
 
 
 def infotext_fields(controls: list[Any]) -> list[tuple[Any, Callable[[dict[str, Any]], Any]]]:

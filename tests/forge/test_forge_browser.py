@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from forge_client import ferry
 from forge_server import REPO, Server
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -187,6 +188,36 @@ def test_the_tab_plans_on_forges_unet_and_shows_the_live_offload(
     msg = _wait_text(page, "#ferry-settings-status", "released")
     assert "the next generation lays it out with the accordion's settings" in msg, msg
     assert server.forge.stats()["offloads"] == []
+
+
+def test_the_plan_button_shows_the_planners_choice_and_moves_nothing(
+    page: Any, server: Server, shots: Path
+) -> None:
+    """The accordion's Plan button on Forge's Gradio: the planner's choice for the loaded
+    checkpoint's UNet and text encoder (webui/plan.py), with no layout made or released."""
+    server.forge.txt2img(ferry(enabled=False))  # a checkpoint loaded, whatever ran before
+    _tab(page, "Txt2img")
+    acc = page.locator("#txt2img_ferry_offload")
+    acc.scroll_into_view_if_needed()
+    opened = not acc.locator("#txt2img_ferry_plan").is_visible()
+    if opened:
+        acc.locator(".label-wrap").first.click()
+    box = page.locator("#txt2img_ferry_text_encoder input[type=checkbox]")
+    box.check()
+    before = server.forge.stats()
+    page.click("#txt2img_ferry_plan")
+    text = _wait_text(page, "#txt2img_ferry_plan_text", "The accordion's settings")
+    assert "UNet (ferry-sd15-a, " in text and "Text encoder (clip_l, " in text, text
+    assert text.count("Why: ") == 2 and "Predicted: " in text, text
+    page.locator("#txt2img_ferry_plan_text").screenshot(path=str(shots / "forge-plan.png"))
+    after = server.forge.stats()
+    assert [after[k] for k in ("layouts", "releases")] == [
+        before[k] for k in ("layouts", "releases")
+    ]
+    box.uncheck()
+    if opened:  # as it was: closed is Ferry off for the tests after this one
+        acc.locator(".label-wrap").first.click()
+    assert not [e for e in page.page_errors if "ferry" in e.lower()], page.page_errors
 
 
 def _comfyui_helpers() -> Any:
