@@ -7,7 +7,7 @@ from typing import Any
 from ..offload_core.offload_kind import OffloadKind
 from ..offload_core.planner import notes as plan_notes
 from ..offload_core.runtime.memory import DeviceMemory, ProcessMemory
-from ..offload_core.units import GB, fmt_bytes
+from ..offload_core.units import fmt_bytes
 from . import prompt_reads
 
 
@@ -49,7 +49,7 @@ def offload_lines(stats: dict[str, Any]) -> list[str]:
     ]
     prompt = prompt_reads.read_this_prompt(title, int(stats.get("bytes_disk") or 0))
     if prompt is not None and stats.get("tier") == "disk":
-        out.append(f"  read from disk this prompt: {prompt / GB:.2f} GB")
+        out.append(f"  read from disk this prompt: {fmt_bytes(prompt)}")
     why = plan_notes.why(title)
     if why:
         out.append(f"  why: {why}")

@@ -131,6 +131,12 @@ def test_ferry_offload_settings_pass_the_nodes_own_checks(path: Any) -> None:
         for n in wf.of_type(type_):
             values = dict(zip(names, n["widgets_values"]))
             assert values.pop("use_panel_settings") is False  # the widgets are what runs
+            # As the node does: "auto" widgets are checked as the planner's wish, then filled
+            # by its choice (any legal one here) before the policy parser sees them.
+            config.wish_from_widgets(values)
+            legal = {"tier": "ram", "blocks_per_group": 1, "prefetch_depth": 1}
+            values = {k: legal[k] if config.is_auto(v) and k in legal else v
+                      for k, v in values.items()}  # fmt: skip
             config.policy_from_inputs(default_disk_path="/tmp/ferry", **values)
 
 
