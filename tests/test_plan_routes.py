@@ -100,7 +100,7 @@ def test_disk_reads_are_counted_per_prompt_and_network() -> None:
     stats.observe_prompt("p2", later)
     assert stats.offload_entry(later[0])["disk_read_last_prompt"] == 0
     text = "\n".join(report.offload_lines(later[0].stats))
-    assert "read from disk this prompt: 0.00 GB" in text
+    assert "read from disk this prompt: 0 B" in text  # units.fmt_bytes, as every amount
     prompt_reads.reset()
 
 
