@@ -17,15 +17,15 @@ import torch
 
 from tests import webui_standins as forge
 from tests.conftest import PACK_NAME, load_pack
-from tests.test_webui_forge import Session, ferry
+from tests.test_webui_forge import Session, ferry, host
+
+__all__ = ["host"]  # the Forge stand-in host fixture, shared with test_webui_forge
 
 load_pack()
 family = importlib.import_module(f"{PACK_NAME}.seam.family")
 loaded = importlib.import_module(f"{PACK_NAME}.webui.loaded")
 file_source = importlib.import_module(f"{PACK_NAME}.offload_core.disk.file_source")
 placement = importlib.import_module(f"{PACK_NAME}.offload_core.sources.placement")
-settings_file = importlib.import_module(f"{PACK_NAME}.offload_core.tools.settings_file")
-script_mod = importlib.import_module(f"{PACK_NAME}.webui.script")
 
 
 class Patcher:
@@ -133,18 +133,6 @@ def test_forge_holds_the_loaded_checkpoints_unet_and_text_encoder(forge_modules:
     assert not loaded.checkpoint_holds(forge.load_checkpoint(1).forge_objects.unet.model)
     forge_modules.sd_model = None  # forge_model_reload, before it unloads every model
     assert not loaded.checkpoint_holds(sd.forge_objects.unet.model)
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> Any:
-    return script_mod.Host(
-        script_base=object,
-        always_visible="AlwaysVisible",
-        gr=None,
-        input_accordion=None,
-        default_disk_path=str(tmp_path / "default-disk"),
-        load_saved=lambda: settings_file.load_settings(tmp_path / "settings.json"),
-    )
 
 
 @pytest.mark.parametrize("tier", ["ram", "disk"])

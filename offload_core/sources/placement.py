@@ -278,10 +278,7 @@ class Placement:
         if not kept:
             for m, attr, is_param, dev in reversed(self.outside_moved):
                 _move(m, attr, is_param, dev)
-            self.outside_moved.clear()
-            self.mappings.clear()
-            if self.store is not None:
-                self.store.delete()  # a damaged layout's files are worth nothing: never left
+            self._forget_files()
         if failed is not None:
             if not isinstance(failed, Exception):
                 raise failed  # an interrupt stays an interrupt; remove() again finishes
@@ -297,6 +294,11 @@ class Placement:
         todo, self.runtimes = self.runtimes, []
         while todo:
             drop_group(todo.pop(), self.backend)
+        self._forget_files()
+
+    def _forget_files(self) -> None:
+        """Once no group is left: the outside tensors' old places, the mappings and Ferry's
+        folder go (a damaged or discarded layout's files are worth nothing: never left)."""
         self.outside_moved.clear()
         self.mappings.clear()
         if self.store is not None:

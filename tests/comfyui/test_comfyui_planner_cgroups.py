@@ -30,14 +30,12 @@ from conftest import (
     HAS_AIMDO,
     comfy_checkout,
     limited_server,
-    make_base,
-    run_maker,
     start_server,
     stop_server,
 )
-from ferry_workflows import Client, error_message
+from ferry_workflows import Client
 from test_comfyui_bigger_than_ram import RssAnonPeak
-from whole_graph import FERRY_AUTO, PLAIN, T5_LAYERS, outputs, whole_graph
+from whole_graph import FERRY_AUTO, PLAIN, make_graph_base, run_graph, whole_graph
 
 from tests import cgroup_limit
 
@@ -84,18 +82,8 @@ def graph_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if given and (Path(given) / "models").is_dir():
         return Path(given)
     base = tmp_path_factory.mktemp("comfy-planner-graph")
-    comfy, py = comfy_checkout()
-    make_base(
-        base, py, comfy, "make_text_encoders.py", "--big", f"--big-layers={T5_LAYERS}", timeout=1800
-    )
-    run_maker(base, py, comfy, "make_whole_graph.py", str(DEPTH), timeout=1800)
+    make_graph_base(base, DEPTH)
     return base
-
-
-def run_graph(srv: Any, g: dict[str, Any]) -> dict[str, torch.Tensor]:
-    entry = Client(srv.url).run(g, timeout=1500)
-    assert entry["status"]["status_str"] == "success", f"{error_message(entry)}\n{srv.log_tail()}"
-    return outputs(srv.base, entry, g["7"]["inputs"]["filename_prefix"])
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 import torch
 from conftest import comfy_checkout, limited_server, start_server, stop_server
-from ferry_workflows import Client, error_message, ferry
+from ferry_workflows import Client, ferry
 from make_text_encoders import BIG_T5XXL_FILE
 from make_whole_graph import MODEL_FILE
 from test_comfyui_bigger_than_ram import RssAnonPeak
-from whole_graph import PLAIN, make_graph_base, outputs, whole_graph
+from whole_graph import PLAIN, make_graph_base, run_graph, whole_graph
 
 from tests import cgroup_limit
 
@@ -75,16 +75,6 @@ PLAIN_STEPS = (("plain", False), ("plain-reloaded", True))
 MODEL_AGAIN = MODEL_FILE.replace(".safetensors", "-again.safetensors")
 
 
-def run(srv: Any, g: dict[str, Any]) -> dict[str, torch.Tensor]:
-    try:
-        entry = Client(srv.url).run(g, timeout=1800)
-    except OSError as e:  # the server is gone: the kernel killed it at the limit
-        srv.proc.wait(timeout=60)
-        pytest.fail(f"ComfyUI died ({e}; exit {srv.proc.returncode}):\n{srv.log_tail()}")
-    assert entry["status"]["status_str"] == "success", f"{error_message(entry)}\n{srv.log_tail()}"
-    return outputs(srv.base, entry, g["7"]["inputs"]["filename_prefix"])
-
-
 @pytest.fixture(scope="module")
 def graph_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("comfy-relayout")
@@ -101,7 +91,7 @@ def plain(graph_base: Path) -> tuple[dict[str, torch.Tensor], int]:
     srv = start_server(comfy, py, graph_base)
     try:
         rss = RssAnonPeak(srv.proc.pid)
-        outs = [run(srv, step_graph(None, name, reload)) for name, reload in PLAIN_STEPS]
+        outs = [run_graph(srv, step_graph(None, name, reload)) for name, reload in PLAIN_STEPS]
         peak = rss.stop()
     finally:
         stop_server(srv)
@@ -135,9 +125,9 @@ def test_relayouts_and_a_discard_stay_inside_the_limit(
         group.reset_peak()
         rss = RssAnonPeak(srv.proc.pid)
         if tier is None:
-            got = run(srv, step_graph(None, "after-ferry", reload=True))
+            got = run_graph(srv, step_graph(None, "after-ferry", reload=True))
         else:
-            got = run(srv, step_graph(tier, f"ferry-{tier}"))
+            got = run_graph(srv, step_graph(tier, f"ferry-{tier}"))
         peak = rss.stop()
         assert srv.proc.poll() is None, f"killed at step {step}:\n{srv.log_tail()}"
         assert_equal(got, want, step)
@@ -175,7 +165,7 @@ def test_a_discarded_disk_layout_is_not_read(
     srv, _group = limited
     want, _ = plain
     client = Client(srv.url)
-    assert_equal(run(srv, step_graph("disk", "ferry-disk-again", reload=True)), want, "disk")
+    assert_equal(run_graph(srv, step_graph("disk", "ferry-disk-again", reload=True)), want, "disk")
     folders = [Path(o["disk_folder"]) for o in client.live()]
     assert len(folders) == 2, client.live()
     truncated = 0
@@ -186,7 +176,7 @@ def test_a_discarded_disk_layout_is_not_read(
             truncated += 1
     assert truncated >= 2
     log_at = len(srv.log.read_text(errors="replace"))
-    assert_equal(run(srv, step_graph(None, "after-disk", reload=False)), want, "plain")
+    assert_equal(run_graph(srv, step_graph(None, "after-disk", reload=False)), want, "plain")
     new = srv.log.read_text(errors="replace")[log_at:]
     assert new.count("(discarded, nothing read back)") == 2, new
     assert "restoring group" not in new and "damaged" not in new, new

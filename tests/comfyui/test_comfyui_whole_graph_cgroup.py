@@ -27,10 +27,10 @@ from conftest import (
     start_server,
     stop_server,
 )
-from ferry_workflows import Client, error_message
+from ferry_workflows import Client
 from make_text_encoders import BIG_T5XXL_FILE
 from test_comfyui_bigger_than_ram import RssAnonPeak
-from whole_graph import FERRY_BOTH, PLAIN, make_graph_base, outputs, whole_graph
+from whole_graph import FERRY_BOTH, PLAIN, make_graph_base, run_graph, whole_graph
 
 from tests import cgroup_limit
 
@@ -52,12 +52,6 @@ def graph_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_graph_base(base)
     assert (base / "models" / "text_encoders" / BIG_T5XXL_FILE).stat().st_size > LIMIT
     return base
-
-
-def run_graph(srv: Any, g: dict[str, Any]) -> dict[str, torch.Tensor]:
-    entry = Client(srv.url).run(g, timeout=1500)
-    assert entry["status"]["status_str"] == "success", f"{error_message(entry)}\n{srv.log_tail()}"
-    return outputs(srv.base, entry, g["7"]["inputs"]["filename_prefix"])
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from conftest import comfy_checkout, make_base, run_maker
-from ferry_workflows import AUTO, ferry
+from ferry_workflows import AUTO, Client, error_message, ferry
 from make_text_encoders import BIG_T5XXL_FILE
 from make_whole_graph import MODEL_FILE, VAE_FILE
 
@@ -51,14 +51,28 @@ VARIANTS = (
 )
 
 
-def make_graph_base(base: Path) -> None:
+def make_graph_base(base: Path, depth: int = DEPTH) -> None:
     """A ComfyUI base directory (conftest.make_base) with the whole graph's files, written by
-    the core's Python with the core's classes (a few minutes)."""
+    the core's Python with the core's classes (a few minutes); ``depth``: the MMDiT's."""
     comfy, py = comfy_checkout()
     make_base(
-        base, py, comfy, "make_text_encoders.py", "--big", f"--big-layers={T5_LAYERS}", timeout=1200
+        base, py, comfy, "make_text_encoders.py", "--big", f"--big-layers={T5_LAYERS}", timeout=1800
     )
-    run_maker(base, py, comfy, "make_whole_graph.py", str(DEPTH), timeout=600)
+    run_maker(base, py, comfy, "make_whole_graph.py", str(depth), timeout=1800)
+
+
+def run_graph(srv: Any, g: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Runs a ``whole_graph`` prompt to success and reads what it saved (``outputs``); a
+    server the kernel killed (a memory limit) fails the test with its log's tail."""
+    try:
+        entry = Client(srv.url).run(g, timeout=1800)
+    except OSError as e:  # the server is gone
+        srv.proc.wait(timeout=60)
+        raise AssertionError(
+            f"ComfyUI died ({e}; exit {srv.proc.returncode}):\n{srv.log_tail()}"
+        ) from e
+    assert entry["status"]["status_str"] == "success", f"{error_message(entry)}\n{srv.log_tail()}"
+    return outputs(srv.base, entry, g["7"]["inputs"]["filename_prefix"])
 
 
 def _widgets(v: Variant) -> dict[str, Any]:

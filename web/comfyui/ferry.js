@@ -7,6 +7,7 @@
 // settings.json and nodeDefs.json, which core serves merged at GET /i18n.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
+import { el, fmtBytes } from "./ferry_dom.js";
 import { planSection } from "./ferry_plan.js";
 
 const EXT = "Ferry.Sidebar";
@@ -56,32 +57,11 @@ function settingText(id, field) {
 }
 
 // -- formatting ------------------------------------------------------------------------
-function fmtBytes(n) {
-  if (n === null || n === undefined) return "–";
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let v = Number(n);
-  let i = 0;
-  while (Math.abs(v) >= 1024 && i < units.length - 1) {
-    v /= 1024;
-    i += 1;
-  }
-  return i === 0 ? `${v.toFixed(0)} B` : `${v.toFixed(2)} ${units[i]}`;
-}
 
 function fmtRate(gbps) {
   return gbps ? `${Number(gbps).toFixed(2)} GB/s` : "–";
 }
 
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "style") Object.assign(node.style, v);
-    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
-    else node.setAttribute(k, v);
-  }
-  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  return node;
-}
 
 // -- rendering -------------------------------------------------------------------------
 // The last HISTORY samples, scaled between their min and max (or 0..max when given), so a

@@ -7,31 +7,12 @@
 // sidebar's (locales/<lang>/main.json, ferry.sidebar), through the t() ferry.js hands it.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
+import { el as node, fmtBytes as gib } from "./ferry_dom.js";
 
 const plan = { result: null, status: "" };
 let t = (key) => key; // ferry.js's translator, set by planSection
 
-function node(tag, attrs = {}, ...children) {
-  const n = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k.startsWith("on")) n.addEventListener(k.slice(2), v);
-    else n.setAttribute(k, v);
-  }
-  for (const c of children) n.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  return n;
-}
 
-function gib(n) {
-  if (n === null || n === undefined) return "–";
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let v = Number(n);
-  let i = 0;
-  while (Math.abs(v) >= 1024 && i < units.length - 1) {
-    v /= 1024;
-    i += 1;
-  }
-  return i === 0 ? `${v.toFixed(0)} B` : `${v.toFixed(2)} ${units[i]}`;
-}
 
 async function postJson(path, body) {
   const r = await api.fetchApi(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
