@@ -40,9 +40,9 @@ from offload_core import (
 )
 from offload_core.formats.safetensors import read_header
 from offload_core.model.builders import demo_build
-from offload_core.model.demo import DECIMAL_GB, build_demo_model, demo_inputs
+from offload_core.model.demo import build_demo_model, demo_inputs
 from offload_core.quant import load_quantized, presets_for_device, quantize_model
-from offload_core.units import MIB, fmt_bytes
+from offload_core.units import GIB, MIB, fmt_bytes
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     reference: torch.Tensor | None = None
     print(
-        f"demo model of about {fmt_bytes(args.size_gb * DECIMAL_GB)} {args.dtype}, checkpoint {fmt_bytes(ckpt.stat().st_size)}, "
+        f"demo model of about {fmt_bytes(args.size_gb * GIB)} {args.dtype}, checkpoint {fmt_bytes(ckpt.stat().st_size)}, "
         f"device {args.device}, offload {args.level}/{args.tier}, tokens {args.tokens}, "
         f"torch threads {torch.get_num_threads()}, torchao import {import_s:.2f} s and "
         f"first-call warm-up {warm_up_s:.2f} s (not in the loads), page cache "

@@ -38,8 +38,8 @@ from offload_core import (
     RamTier,
     apply_offload,
 )
-from offload_core.model.demo import DECIMAL_GB, build_demo_model, demo_inputs
-from offload_core.units import fmt_bytes
+from offload_core.model.demo import build_demo_model, demo_inputs
+from offload_core.units import GIB, fmt_bytes
 
 MODES = ("eager resident", "compiled resident", "eager Ferry", "compiled Ferry")
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report.machine_line(m, threads=True))
     print(
-        f"demo DiT of about {fmt_bytes(args.size_gb * DECIMAL_GB)} {args.dtype} on {args.device}, {args.tokens} tokens, {result['groups']} "
+        f"demo DiT of about {fmt_bytes(args.size_gb * GIB)} {args.dtype} on {args.device}, {args.tokens} tokens, {result['groups']} "
         f"groups, Ferry block level x{args.blocks_per_group}, tier {args.tier}"
         f"{' (' + args.cpu_read + ')' if args.tier == 'disk' else ''}, {args.rounds} rounds, "
         f"inductor caches {'warm' if args.warm_cache else 'off'} for the first step; load "

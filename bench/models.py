@@ -42,11 +42,9 @@ class ModelSpec:
                 f"FluxTransformer2DModel ({self.layers} double + {self.single_layers} single "
                 f"blocks, width {self.heads * 128}, {self.dtype})"
             )
-        from offload_core.model.demo import DECIMAL_GB
-        from offload_core.units import fmt_bytes
+        from offload_core.units import GIB, fmt_bytes
 
-        # size_gb is the demo factory's decimal unit (model/demo.py): shown in GiB.
-        return f"Ferry demo DiT (about {fmt_bytes(self.size_gb * DECIMAL_GB)}, {self.dtype})"
+        return f"Ferry demo DiT (about {fmt_bytes(self.size_gb * GIB)}, {self.dtype})"
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ Plus: every bench module imports (a driver run once a month must not find a stal
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -28,6 +29,33 @@ def test_every_bench_module_imports() -> None:
         [sys.executable, "-c", code, *names], cwd=REPO, env=env, capture_output=True, text=True
     )
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+def _imported_names(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_bench_imports_no_test_module() -> None:
+    """A benchmark stands on the pack and bench/, never on a test's helpers (a test module
+    renamed would break a driver nobody runs in CI). A driver of the real-ComfyUI harness
+    lives beside it in tests/comfyui/ (bench_whole_graph.py)."""
+    test_modules = {p.stem for p in (REPO / "tests").rglob("*.py")} - {"__init__"}
+    found = {}
+    for path in sorted((REPO / "bench").rglob("*.py")):
+        bad = {
+            n
+            for n in _imported_names(path)
+            if n.split(".")[0] == "tests" or n in test_modules or n == "conftest"
+        }
+        if bad:
+            found[path.relative_to(REPO).as_posix()] = sorted(bad)
+    assert not found, found
 
 
 def test_worker_env_puts_the_checkout_first_and_keeps_the_callers_path(monkeypatch) -> None:

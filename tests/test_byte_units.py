@@ -35,12 +35,7 @@ UNIT_NAMES = {"GB", "GIB", "GiB", "MB", "MIB", "MiB", "KB", "KIB", "KiB", "TB", 
 BYTE_UNIT_AFTER = re.compile(r"^\s*\**\s*(?:[KMGT]i?B|bytes?)\b(?!/s)")
 DECIMAL_GB = {"1e9", "1e+9", "10**9", "1_000_000_000", "1000000000"}
 #: Known exceptions, each with its reason.
-KNOWN = {
-    # The demo factory's shape rule is decimal (DECIMAL_GB; its command lines take GiB and
-    # convert): in GiB the model every test and benchmark builds would change shape (e.g.
-    # 0.01 bf16: 18 -> 20 double blocks; 0.05: width 128 -> 256).
-    ("offload_core/model/demo.py", "decimal GB 1e9"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 #: "GB" as a word, not a rate's "GB/s" nor part of a name (``vram_budget_gb``, ``--size-gb``).

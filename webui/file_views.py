@@ -18,22 +18,13 @@ import bisect
 import torch
 from torch import nn
 
+from ..offload_core.disk.maps import file_mappings
+
 
 def _file_ranges() -> list[tuple[int, int]]:
-    """The address ranges of this process mapped from files (sorted)."""
-    try:
-        with open("/proc/self/maps") as f:
-            lines = f.readlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        parts = line.split(maxsplit=5)
-        path = parts[5].strip() if len(parts) > 5 else ""
-        if path.startswith("/"):
-            lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            out.append((lo, hi))
-    return sorted(out)
+    """The address ranges of this process mapped from files (sorted; deleted files count:
+    their pages are still the mapping's)."""
+    return [(m.lo, m.hi) for m in file_mappings()]
 
 
 def _inside(ranges: list[tuple[int, int]], t: torch.Tensor) -> bool:

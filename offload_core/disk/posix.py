@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
+from .maps import mapped_file_at
 
 log = logging.getLogger("ferry")
 
@@ -110,27 +111,6 @@ class PosixFiles:
 
     def drop_pages(self, mapping: mmap.mmap, length: int) -> None:
         mapping.madvise(mmap.MADV_DONTNEED, 0, length)
-
-
-MAPS = Path("/proc/self/maps")
-
-
-def mapped_file_at(address: int, maps: Path = MAPS) -> Path | None:
-    """Linux: the file mapped over ``address`` (a line of /proc/self/maps is "lo-hi perms
-    offset dev inode path"); None where there is no such file (macOS, the BSDs)."""
-    try:
-        text = maps.read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) < 6 or not fields[5].startswith("/"):
-            continue
-        lo, hi = (int(x, 16) for x in fields[0].split("-"))
-        if lo <= address < hi:
-            path = fields[5]
-            return None if path.endswith(" (deleted)") else Path(path)
-    return None
 
 
 def _open_descriptors() -> int | None:

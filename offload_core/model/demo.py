@@ -1,10 +1,9 @@
 """A synthetic DiT-like model (Flux-shaped: double-stream then single-stream blocks) with a
 fixed seed, for the demo, the tests and the benchmarks. No download, any size.
 
-``build_demo_model(size_gb)`` sizes the model in decimal GB (10**9 bytes of weights, about:
-the shape rule rounds to whole blocks): every test's and benchmark's model shape comes from
-that rule, so it is kept. What a user types is in GiB, as units.py says a memory GB is: the
-command lines convert with ``size_gb_for_gib``.
+``build_demo_model(size_gb)`` sizes the model in GB of weights, a GiB as units.py says every
+memory GB is (about: the shape rule rounds to whole blocks), the same unit a user types in the
+panel and on the command lines.
 """
 
 from __future__ import annotations
@@ -16,14 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..units import GIB
-
-#: The shape rule's unit (see the module docstring); nothing else uses a decimal GB of memory.
-DECIMAL_GB = 1e9
-
-
-def size_gb_for_gib(gib: float) -> float:
-    """The ``build_demo_model`` size of a model of about ``gib`` GiB of weights."""
-    return gib * GIB / DECIMAL_GB
 
 
 class _Attention(nn.Module):
@@ -136,7 +127,7 @@ def _timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _shape_for(size_gb: float, dtype: torch.dtype) -> tuple[int, int, int]:
     """(dim, n_double, n_single) giving about ``size_gb`` of weights."""
-    params = size_gb * DECIMAL_GB / torch.empty((), dtype=dtype).element_size()
+    params = size_gb * GIB / torch.empty((), dtype=dtype).element_size()
     dim = 64
     for d in (64, 128, 256, 512, 1024, 1536, 2048, 3072):
         # Prefer a width whose model has at least ~6 double blocks.
@@ -158,8 +149,7 @@ def demo_on_meta(size_gb: float = 2.0, dtype: torch.dtype = torch.bfloat16) -> D
 def build_demo_model(
     size_gb: float = 2.0, dtype: torch.dtype = torch.bfloat16, seed: int = 0
 ) -> DemoDiT:
-    """A DiT of about ``size_gb`` decimal GB of weights (``size_gb_for_gib`` converts a size
-    in GiB), random but reproducible, on the CPU."""
+    """A DiT of about ``size_gb`` GiB of weights, random but reproducible, on the CPU."""
     if not size_gb > 0:
         raise ValueError(f"size_gb must be > 0, got {size_gb}")
     dim, n_double, n_single = _shape_for(size_gb, dtype)

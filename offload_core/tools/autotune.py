@@ -349,13 +349,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--disk-path", default=None, help="also try the disk tier in this folder")
     ap.add_argument("--steps", type=int, default=3, help="timed forwards per plan (default 3)")
     args = ap.parse_args(argv)
-    from ..model.demo import size_gb_for_gib
 
     try:
         budget = Budget.from_gb(args.vram_budget_gb, args.ram_budget_gb)
         device = args.device or _default_onload()
         result = autotune(
-            demo_factory(size_gb_for_gib(args.size_gb), args.tokens),
+            demo_factory(args.size_gb, args.tokens),
             budget=budget,
             onload_device=device,
             disk_path=args.disk_path,

@@ -20,7 +20,7 @@ import torch
 
 from ..api import apply_offload
 from ..errors import FerryError
-from ..model.demo import build_demo_model, demo_inputs, size_gb_for_gib
+from ..model.demo import build_demo_model, demo_inputs
 from ..model.plan import resolve_device
 from ..policy import OffloadPolicy
 from ..runtime.memory import PeakRssSampler, ProcessMemory, device_memory
@@ -97,7 +97,7 @@ def _build(
     """The demo DiT (quantized if asked) and one forward's inputs on ``device``."""
     tokens = args.tokens or (1024 if device.type != "cpu" else 64)
     echo(f"building a {args.size_gb:g} GiB {args.dtype} demo DiT (seed {args.seed}) ...")
-    model = build_demo_model(size_gb_for_gib(args.size_gb), DTYPES[args.dtype], seed=args.seed)
+    model = build_demo_model(args.size_gb, DTYPES[args.dtype], seed=args.seed)
     if args.quant and args.quant != "none":
         from ..quant import quantize_model
 

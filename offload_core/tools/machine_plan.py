@@ -30,7 +30,7 @@ def plan_test_model(
     ram_budget: int | None,
     dtype: torch.dtype = torch.float32,
 ) -> GraphPlan:
-    """The plan of the demo model of ``size_gb`` (decimal GB, as the planner tab builds it)."""
+    """The plan of the demo model of ``size_gb`` (GiB, as the planner tab builds it)."""
     net = network_from_module(demo_on_meta(size_gb, dtype), "test model", "model")
     machine = read_machine(
         vram_free=free_vram(onload_device),

@@ -1,7 +1,7 @@
 """The whole graph of issue 29, as a user builds it: a text encoder bigger than the diffusion
 model, the diffusion model, a VAE, and the image out (make_text_encoders.py --big and
 make_whole_graph.py write the files). Shared by test_comfyui_whole_graph_cgroup.py and
-bench/whole_graph.py.
+bench_whole_graph.py.
 
     text encoder loader [-> Ferry Offload Text Encoder] -> CLIPTextEncode -+-> KSampler -> SaveLatent
                                                       ConditioningZeroOut -+      |

@@ -60,9 +60,9 @@ class DemoSession:
     inputs: dict[str, Any] = field(default_factory=dict)
 
     def build(self, device: str = "cpu") -> None:
-        from ...offload_core.model.demo import build_demo_model, demo_inputs, size_gb_for_gib
+        from ...offload_core.model.demo import build_demo_model, demo_inputs
 
-        self.model = build_demo_model(size_gb_for_gib(self.size_gb), self.dtype, seed=0)
+        self.model = build_demo_model(self.size_gb, self.dtype, seed=0)
         # Inputs live where the forward runs: the engine brings weights there, not inputs.
         self.inputs = demo_inputs(self.model, batch=1, tokens=self.tokens, seed=0, device=device)
         self.plans = Plans.on_twin(self.model)

@@ -9,7 +9,6 @@ import gradio as gr
 import pandas as pd
 
 from ...offload_core.errors import ConfigError, FerryError
-from ...offload_core.model.demo import size_gb_for_gib
 from ...offload_core.policy import OffloadPolicy
 from ...offload_core.runtime.memory import system_available_ram
 from ...offload_core.tools.autotune import Budget, TuneResult, autotune, demo_factory
@@ -66,7 +65,7 @@ def run_planner(
         raise ConfigError("run", "busy: a demo run or Apply is running; try again when it ends")
     try:
         result = autotune(
-            demo_factory(size_gb_for_gib(float(size_gb))),
+            demo_factory(float(size_gb)),
             budget=budget,
             onload_device=ctx.onload_device,
             disk_path=disk,
@@ -81,7 +80,7 @@ def run_planner(
     best = result.recommended
     # Beside what was measured: what Ferry's planner chooses for it without measuring (the
     # choice "auto" gets in ComfyUI), in its own sentence.
-    plan = plan_test_model(float(size_gb_for_gib(float(size_gb))), onload_device=ctx.onload_device,
+    plan = plan_test_model(float(size_gb), onload_device=ctx.onload_device,
                            disk_path=disk, vram_budget=budget.vram_bytes, ram_budget=budget.ram_bytes)  # fmt: skip
     reason = f"{result.reason}\n\nFerry's planner (auto, not measured): {plan.choices[0].reason}"
     return table, points, points, reason, (best.policy.to_dict() if best else None)

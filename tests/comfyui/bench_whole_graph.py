@@ -1,7 +1,7 @@
 """The whole graph in real ComfyUI (issue 29): a text encoder bigger than the diffusion model,
 the diffusion model, a VAE; plain against Ferry on the text encoder, the model, and both.
 
-    python -m bench.whole_graph --comfy /work/comfy/v0.33.0 [--workdir DIR] [--limit-mib 1800]
+    python tests/comfyui/bench_whole_graph.py --comfy /work/comfy/v0.33.0 [--workdir DIR] [--limit-mib 1800]
         [--tier disk] [--out FILE]
 
 The files (tests/comfyui/whole_graph.py make_graph_base): a T5-XXL-shaped encoder of 2.5 GB
@@ -31,9 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-HERE = REPO / "tests" / "comfyui"
-sys.path.insert(0, str(HERE))
+# A driver of the real-ComfyUI harness beside it (conftest's server, the workflows client,
+# whole_graph.py's files and graph, the cgroups): it lives here, not in bench/, so bench/
+# imports no test module. Run as a script, its folder is already on sys.path.
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 
 from offload_core.units import MIB, fmt_bytes  # noqa: E402
