@@ -36,15 +36,24 @@ class LeafLevel:
 
 @dataclass(frozen=True)
 class PinnedRamTier:
-    """Offloaded weights wait in page-locked (pinned) RAM: the fastest host-to-device copies."""
+    """Offloaded weights wait in page-locked (pinned) RAM: the fastest host-to-device copies.
+
+    ``pin_limit``: at most this many bytes are pinned (None: as many as the system pins);
+    the groups past it, or past what the system agrees to pin, wait in ordinary RAM and
+    reach the device through the pinned staging buffers, as the RAM tier's do."""
+
+    pin_limit: int | None = None
 
     def validate(self) -> None:
-        pass
+        n = self.pin_limit
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ConfigError("pin_limit", f"must be empty or a byte count >= 0, got {n!r}")
 
 
 @dataclass(frozen=True)
 class RamTier:
-    """Offloaded weights wait in ordinary RAM: for machines that cap pinned memory."""
+    """Offloaded weights wait in ordinary RAM: for machines that cap pinned memory. On a GPU
+    they reach it through a small ring of pinned staging buffers (only those are pinned)."""
 
     def validate(self) -> None:
         pass
