@@ -36,8 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 PACK = "ComfyUI-Ferry"
 
 
-def import_hosts() -> tuple[Any, Any, Any]:
-    """ComfyUI core (on CPU), ComfyUI-GGUF's ops (without its node file), and this pack."""
+def import_hosts(device: str = "cpu") -> tuple[Any, Any, Any]:
+    """ComfyUI core (``--cpu`` on a CPU), ComfyUI-GGUF's ops (without its node file), and
+    this pack."""
     comfy_dir = os.environ.get("FERRY_COMFYUI")
     gguf_dir = os.environ.get("FERRY_COMFYUI_GGUF")
     if not comfy_dir or not gguf_dir:
@@ -45,8 +46,8 @@ def import_hosts() -> tuple[Any, Any, Any]:
     sys.path.insert(0, comfy_dir)
     import comfy.cli_args
 
-    comfy.cli_args.args.cpu = True
-    import comfy.model_management  # noqa: F401  (with --cpu set first)
+    comfy.cli_args.args.cpu = torch.device(device).type == "cpu"
+    import comfy.model_management
 
     pkg = types.ModuleType("comfyui_gguf")  # ops.py and dequant.py only: no nodes.py
     pkg.__path__ = [gguf_dir]
@@ -97,9 +98,10 @@ class Holder(nn.Module):
         super().__init__()
         self.diffusion_model = net
         self.manual_cast_dtype = None
+        self.dtype = torch.float32  # what its layers get their input in
 
     def get_dtype(self) -> torch.dtype:
-        return torch.float32
+        return self.dtype
 
 
 def shapes(width: int) -> dict[str, tuple[int, int]]:
@@ -195,73 +197,82 @@ class FakePatcher:
 
 
 def run(quant: str, args: argparse.Namespace, echo: Any) -> list[tuple[str, float, float, str]]:
-    ops, ferry, bake = import_hosts()
+    ops, ferry, bake = import_hosts(args.device)
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype]
     width, depth = args.width, args.depth
     raw = raw_weights(quant, width, depth, seed=1)
-    loras = make_loras(args.loras, width, depth, args.rank, seed=2)
+    counts = sorted({int(n) for n in str(args.loras).split(",") if int(n) > 0})
+    loras = {n: make_loras(n, width, depth, args.rank, seed=2) for n in counts}
     x = torch.randn(args.tokens, width, generator=torch.Generator().manual_seed(3))
+    x = x.to(device, dtype)
     policy = {
         mode: ferry.OffloadPolicy(tier=ferry.RamTier(), prefetch_depth=2, bake_lora=mode)
-        for mode in ("off", "on")
+        for mode in ("off", "on", "auto")
     }
-    models: dict[str, Holder] = {}
-    # References: ComfyUI-GGUF on its own, no Ferry.
-    models["gguf-nolora"] = build(ops, raw, width, depth)
-    models["gguf-lora"] = build(ops, raw, width, depth)
-    hang_patches(models["gguf-lora"], loras)
-    handles = []
-    for name, lora, mode in (
-        ("ferry-nolora", False, "off"),
-        ("ferry-lora-perforward", True, "off"),
-        ("ferry-lora-baked", True, "on"),
-    ):
+
+    def fresh(n: int) -> Holder:
         h = build(ops, raw, width, depth)
-        if lora:
-            hang_patches(h, loras)
+        h.dtype = dtype
+        if n:
+            hang_patches(h, loras[n])
+        return h
+
+    models: dict[str, Holder] = {}
+    want: dict[str, str] = {}
+    # References: ComfyUI-GGUF on its own, no Ferry, on the device.
+    for n in (0, *counts):
+        models[f"gguf-{n}lora"] = fresh(n).to(device)
+        want[f"gguf-{n}lora"] = f"gguf-{n}lora"
+    handles = []
+    rows_ferry = [("ferry-0lora", 0, "off")]
+    for n in counts:
+        rows_ferry += [(f"ferry-{n}lora-perforward", n, "off"), (f"ferry-{n}lora-baked", n, "on")]
+    for name, n, mode in rows_ferry:
+        h = fresh(n)
+        if n:
             t0 = time.perf_counter()
-            choice = bake.bake_lora(FakePatcher(h, loras), torch.device("cpu"), policy[mode])
+            choice = bake.bake_lora(FakePatcher(h, loras[n]), device, policy[mode])
             if choice is not None:
                 echo(f"  {name}: {choice.describe()} ({time.perf_counter() - t0:.2f} s)")
-        handles.append(ferry.apply_offload(h.diffusion_model, policy[mode], onload_device="cpu"))
+        handles.append(ferry.apply_offload(h.diffusion_model, policy[mode], onload_device=device))
         models[name] = h
-    # auto's choice on this machine, for the log (not timed: the same model as on or off).
-    auto = build(ops, raw, width, depth)
-    hang_patches(auto, loras)
-    auto_policy = ferry.OffloadPolicy(tier=ferry.RamTier(), bake_lora="auto")
-    choice = bake.bake_lora(FakePatcher(auto, loras), torch.device("cpu"), auto_policy)
-    if choice is not None:
-        echo(f"  auto: {choice.describe()}")
-    del auto
+        want[name] = f"gguf-{n}lora"
+    for n in counts:  # auto's choice here, for the log (not timed: it is on's or off's model)
+        choice = bake.bake_lora(FakePatcher(fresh(n), loras[n]), device, policy["auto"])
+        if choice is not None:
+            echo(f"  {n} LoRA(s), auto: {choice.describe()}")
     times: dict[str, list[float]] = {n: [] for n in models}
-    refs = {}
     with torch.no_grad():
-        refs["gguf-nolora"] = models["gguf-nolora"].diffusion_model(x)
-        refs["gguf-lora"] = models["gguf-lora"].diffusion_model(x)
-        want = {
-            "gguf-nolora": "gguf-nolora",
-            "gguf-lora": "gguf-lora",
-            "ferry-nolora": "gguf-nolora",
-            "ferry-lora-perforward": "gguf-lora",
-            "ferry-lora-baked": "gguf-lora",
-        }
+        refs = {n: models[n].diffusion_model(x) for n in models if n.startswith("gguf-")}
         equal = {n: True for n in models}
         for n, m in models.items():  # warm-up (Ferry traces its order)
             equal[n] &= torch.equal(m.diffusion_model(x), refs[want[n]])
         for r in range(args.rounds):
             order = list(models) if r % 2 == 0 else list(reversed(models))
             for n in order:
+                _sync(device)
                 t0 = time.perf_counter()
                 out = models[n].diffusion_model(x)
+                _sync(device)
                 times[n].append(time.perf_counter() - t0)
                 equal[n] &= torch.equal(out, refs[want[n]])
     for h in handles:
         h.remove()
-    base = statistics.median(times["ferry-nolora"])
+    base = statistics.median(times["ferry-0lora"])
     rows = []
     for n in models:
         med = statistics.median(times[n])
         rows.append((n, med, med / base, "yes" if equal[n] else "NO"))
     return rows
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def main() -> None:
@@ -270,19 +281,22 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--depth", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--loras", type=int, default=4)
+    ap.add_argument("--loras", default="4", help="comma-separated LoRA counts (0 is always run)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
     torch.manual_seed(0)
     echo = print
     echo(
-        f"GGUF + {args.loras} LoRAs (rank {args.rank}) through Ferry: {args.depth} blocks of "
-        f"width {args.width}, {args.tokens} tokens, {args.rounds} rounds, "
+        f"GGUF + {args.loras} LoRAs (rank {args.rank}) through Ferry (RAM tier) on "
+        f"{args.device}, {args.dtype}: {args.depth} blocks of width {args.width}, "
+        f"{args.tokens} tokens, {args.rounds} rounds, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
     lines = [
-        "| quant | row | s/forward (median) | x ferry-nolora | equal to ComfyUI-GGUF |",
+        "| quant | row | s/forward (median) | x ferry-0lora | equal to ComfyUI-GGUF |",
         "|---|---|---|---|---|",
     ]
     ok = True
