@@ -64,7 +64,7 @@ if [ -n "$gpu" ]; then
   ram_args=(--model flux --tokens 1024 --txt-tokens 256 --layers 3 --single-layers 6 --dtype bf16 --forwards 3)
   gguf_args=(--device cuda --dtype bf16 --quants q8_0,q4_k --loras 1,4 --width 3072 --depth 4 --tokens 1024 --rounds 5)
 else
-  ram_args=(--model flux --tokens 64 --txt-tokens 16 --layers 1 --single-layers 1 --heads 2 --device cpu --forwards 2)
+  ram_args=(--model dit --size-gb 0.05 --tokens 64 --device cpu --forwards 1)  # no diffusers needed
   gguf_args=(--device cpu --quants q8_0 --loras 1 --width 256 --depth 2 --tokens 16 --rounds 2)
 fi
 
@@ -95,12 +95,14 @@ run() {  # run NAME CMD...: tee the output to bench/results/<stamp>-NAME.txt
 
 if [ -z "$gpu" ]; then
   results=$(mktemp -d /tmp/ferry-gpu-suite-dry.XXXXXX)  # the dry run's logs: not bench/results
+  FERRY_BENCH_DIR=${FERRY_BENCH_DIR:-$results/work}
   if [ "$part" = all ] || [ "$part" = tests ]; then
     echo "== cpu part: $py -m pytest tests/test_gpu.py tests/test_gguf_gpu.py tests/test_stream_ordering.py tests/test_stream_backend.py tests/test_staged_ram.py"
     "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_gguf_gpu.py tests/test_stream_ordering.py tests/test_stream_backend.py tests/test_staged_ram.py || status=$?
   fi
   if [ "$part" = all ] || [ "$part" = tests ] || [ "$part" = rows ]; then
     rows || status=1
+    rm -rf "$results/work"  # the tiny model's checkpoint; the logs stay in $results
   fi
   if [ "$part" = all ] || [ "$part" = h2h ]; then
     echo "== h2h dry run: $py -m bench.h2h --steps 2 --fresh $*"
