@@ -18,7 +18,6 @@ import collections
 import logging
 from typing import Any
 
-import comfy.ops
 import comfy.utils
 import torch
 
@@ -90,10 +89,12 @@ def _target(
     if weight is None or not patches or not callable(getattr(module, "get_weight", None)):
         return None
 
+    import comfy.ops as comfy_ops  # here: what ComfyUI-GGUF's layer calls (CI's stand-in core has none)
+
     def compute() -> torch.Tensor:
         # GGMLLayer.cast_bias_weight, for this one tensor (weight or bias: the same calls).
         w = module.get_weight(weight.to(device), dtype)
-        return comfy.ops.cast_to(w, dtype, device, non_blocking=False, copy=False)  # type: ignore[no-any-return]
+        return comfy_ops.cast_to(w, dtype, device, non_blocking=False, copy=False)  # type: ignore[no-any-return]
 
     stored = _nbytes(weight) + _nbytes(patches)
     return BakeTarget(key, module, name, stored, compute)

@@ -113,9 +113,7 @@ def bake_patched(
             return BakeChoice(False, mode, len(targets), stored, baked_est, patch_s, gbps)
     baked = 0
     for i, t in enumerate(targets):
-        w = done.pop(i, None)
-        if w is None:
-            w = t.compute()
+        w = done.pop(i) if i in done else t.compute()
         baked += _nbytes(w)
         keep(t, w)
     return BakeChoice(True, mode, len(targets), stored, baked, patch_s, gbps)
