@@ -23,8 +23,9 @@ else on the hot path blocks:
 Each event is recorded on the stream that did the work, and the consumer's stream is looked
 up when the wait is issued, never cached (the caller may run the model under its own stream).
 A load's ready-event always travels as a ``Future`` beside its slot (``runtime.engine.Load``):
-resolved at once for a copy from a host slab, by the reader's load thread for a disk read
-(disk/reader.py: the one reader, which owns the threads and how a file is read).
+resolved at once for a copy from a pinned slab, by the reader's load thread for a disk read
+or a staged slab (disk/reader.py: the one reader, which owns the threads and how a file is
+read).
 On a CPU (``backend.synchronous``) there are no events: the load thread fills the slot itself,
 which is safe because the last reader of the region's bytes returned before the load was
 issued.
