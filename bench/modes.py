@@ -51,7 +51,9 @@ def base_mode(mode: str) -> str:
     ``+everycrc`` DiskTier(verify="every_read"); ``+buffered`` DiskTier(direct_io=False);
     ``+t<N>`` ``apply_offload(read_threads=N)``: the disk reader's pool; ``+portable`` the
     disk tier reads through the portable backend (disk/portable.py: Windows' way, no
-    ``os.preadv``), chosen at apply as a platform without it would."""
+    ``os.preadv``), chosen at apply as a platform without it would; ``+pageable`` the RAM
+    tier copies each group straight from pageable memory, not through the pinned staging ring
+    (as before issue 41: [Note: the RAM tier through staging])."""
     return mode.split("+", 1)[0]
 
 
@@ -67,7 +69,7 @@ def valid(mode: str) -> bool:
     return not extras or (
         mode.startswith("ferry-")
         and all(
-            e in ("copy", "mapped", "everycrc", "buffered", "portable")
+            e in ("copy", "mapped", "everycrc", "buffered", "portable", "pageable")
             or (e[:1] in "tp" and e[1:].isdigit())
             for e in extras
         )
@@ -149,6 +151,11 @@ def _ferry(
         handle = apply_offload(
             model, policy, onload_device=device, name="bench", read_threads=read_threads
         )
+    if "pageable" in extras and handle._engine is not None:
+        transfers = handle._engine.transfers  # no staging ring: the direct copy
+        for st in transfers.stagings:
+            transfers.backend.release_host(st.buf)
+        transfers.stagings = []
 
     def stats() -> dict[str, Any]:
         s = handle.stats()

@@ -51,6 +51,7 @@ NAMES = ControlNames(
         "direct_io": "direct_io",
         "verify": "verify",
         "cpu_read": "cpu_read",
+        "bake_lora": "bake_lora",
         "quant_preset": "quant_preset",
     },
 )
@@ -83,6 +84,7 @@ def policy_from_inputs(
     direct_io: bool = True,
     verify: str = "first_read",
     cpu_read: str = "auto",
+    bake_lora: str = "off",
 ) -> OffloadPolicy:
     """The policy the widgets describe, validated. Raises NodeInputError naming a widget.
 
@@ -105,6 +107,7 @@ def policy_from_inputs(
                 "prefetch_depth": prefetch_depth,
                 "vram_budget_gb": vram_budget,
                 "headroom_gb": headroom_gb,
+                "bake_lora": bake_lora,
             }
         )
     except ConfigError as e:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..offload_core import DiskTier
-from ..offload_core.policy import AUTO, DEFAULT_HEADROOM_GB
+from ..offload_core.policy import AUTO, BAKE_MODES, DEFAULT_HEADROOM_GB
 from .config import CPU_READ_CHOICES, LEVELS, TIER_CHOICES, VERIFY_CHOICES
 
 
@@ -105,5 +105,12 @@ def advanced_inputs() -> list[io.Input]:
             tooltip="Disk tier on a CPU: auto copies each group into a buffer (faster) unless "
             "the buffers would take over a quarter of the free RAM, then maps; mapped computes "
             "straight from the page cache (least RAM); copy always copies. A GPU always copies.",
+        ),
+        io.Combo.Input(
+            "bake_lora", options=list(BAKE_MODES), default="off", optional=True,
+            tooltip="LoRA on GGUF weights: on computes each patched weight once when Ferry lays "
+            "the model out (the same result, no LoRA cost per step, but the weight moves "
+            "dequantized: 2-4x the bytes); auto measures both once and chooses; off applies the "
+            "patches on every forward, as ComfyUI-GGUF does.",
         ),
     ]  # fmt: skip

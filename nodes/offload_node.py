@@ -137,12 +137,13 @@ class FerryOffloadModel(io.ComfyNode):
         direct_io: bool = True,
         verify: str = "first_read",
         cpu_read: str = "auto",
+        bake_lora: str = "off",
     ) -> io.NodeOutput:
         widgets = {
             "level": level, "blocks_per_group": blocks_per_group, "tier": tier,
             "disk_path": disk_path, "prefetch_depth": prefetch_depth, "vram_budget": vram_budget,
             "headroom_gb": headroom_gb, "direct_io": direct_io, "verify": verify,
-            "cpu_read": cpu_read,
+            "cpu_read": cpu_read, "bake_lora": bake_lora,
         }  # fmt: skip
         name = _model_name(model)
         network = getattr(getattr(model, "model", None), "diffusion_model", None)

@@ -38,6 +38,7 @@ from ..seam.family import last_of_family
 from ..seam.patcher_class import FerryClones, with_ferry
 from . import comfy_core
 from . import compile as block_compile
+from .bake_lora import bake_lora
 from .binding import OffloadBinding
 from .config import FerryConfig, NodeInputError, as_node_error
 from .dynamic import DYNAMIC_VRAM_HELP, plain_patcher, say_once
@@ -120,6 +121,8 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
             return weights
         self._ferry_network_of(self.model).to(self.offload_device)
         self._ferry_patch_weights(device_to, list(self.patches))
+        if self.ferry_config is not None:  # GGUF's per-forward patches, computed once
+            bake_lora(self, device_to, self.ferry_config.policy)
         return None
 
     def _ferry_materialize_plain(self) -> None:

@@ -191,7 +191,10 @@ def apply_offload(
     streamed = placement.streamed
     engine = None
     if streamed:
-        staged = isinstance(plan.policy.tier, DiskTier)
+        # Disk reads and slabs in pageable RAM reach a device through the staging ring.
+        staged = isinstance(plan.policy.tier, DiskTier) or any(
+            not getattr(g.source, "pinned", True) for g in streamed
+        )
         engine = Engine(
             model, streamed, backend, plan.prefetch_depth, counters, staged,
             repair=placement.repair, read_threads=read_threads,

@@ -36,15 +36,24 @@ class LeafLevel:
 
 @dataclass(frozen=True)
 class PinnedRamTier:
-    """Offloaded weights wait in page-locked (pinned) RAM: the fastest host-to-device copies."""
+    """Offloaded weights wait in page-locked (pinned) RAM: the fastest host-to-device copies.
+
+    ``pin_limit``: at most this many bytes are pinned (None: as many as the system pins);
+    the groups past it, or past what the system agrees to pin, wait in ordinary RAM and
+    reach the device through the pinned staging buffers, as the RAM tier's do."""
+
+    pin_limit: int | None = None
 
     def validate(self) -> None:
-        pass
+        n = self.pin_limit
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ConfigError("pin_limit", f"must be empty or a byte count >= 0, got {n!r}")
 
 
 @dataclass(frozen=True)
 class RamTier:
-    """Offloaded weights wait in ordinary RAM: for machines that cap pinned memory."""
+    """Offloaded weights wait in ordinary RAM: for machines that cap pinned memory. On a GPU
+    they reach it through a small ring of pinned staging buffers (only those are pinned)."""
 
     def validate(self) -> None:
         pass
@@ -93,6 +102,11 @@ class DiskTier:
             )
 
 
+#: ``bake_lora``: whether a streamed weight carrying patches (GGUF's LoRA) is computed once
+#: at layout (model/bake.py: [Note: baking a patched weight]); "off" patches on every forward.
+BakeMode = Literal["off", "on", "auto"]
+BAKE_MODES: tuple[BakeMode, ...] = get_args(BakeMode)
+
 Level = BlockLevel | LeafLevel
 Tier = PinnedRamTier | RamTier | DiskTier
 TierName = Literal["pinned", "ram", "disk"]
@@ -117,8 +131,10 @@ class OffloadPolicy:
     prefetch_depth: int = 1
     vram_budget: int | Literal["auto"] | None = None
     headroom_bytes: int = 2 * GIB
+    bake_lora: BakeMode = "off"
 
     def validate(self) -> None:
+        parse_bake_lora(self.bake_lora)
         self.level.validate()
         self.tier.validate()
         d = self.prefetch_depth
@@ -167,6 +183,7 @@ class OffloadPolicy:
             "prefetch_depth": self.prefetch_depth,
             "vram_budget_gb": budget if budget is None or budget == AUTO else budget / GIB,
             "headroom_gb": self.headroom_bytes / GIB,
+            "bake_lora": self.bake_lora,
         }
 
     @classmethod
@@ -185,6 +202,7 @@ class OffloadPolicy:
             prefetch_depth=parse_prefetch_depth(d.get("prefetch_depth", 1)),
             vram_budget=parse_vram_budget(d.get("vram_budget_gb")),
             headroom_bytes=parse_headroom(d.get("headroom_gb", DEFAULT_HEADROOM_GB)),
+            bake_lora=parse_bake_lora(d.get("bake_lora") or "off"),
         )
         policy.validate()
         return policy
@@ -194,7 +212,7 @@ class OffloadPolicy:
 FLAT_KEYS = frozenset(
     {
         "level", "blocks_per_group", "tier", "disk_path", "source_checkpoint", "direct_io",
-        "verify", "cpu_read", "prefetch_depth", "vram_budget_gb", "headroom_gb",
+        "verify", "cpu_read", "prefetch_depth", "vram_budget_gb", "headroom_gb", "bake_lora",
     }
 )  # fmt: skip
 
@@ -331,6 +349,15 @@ def parse_blocks_per_group(value: Any) -> int:
         return parse_whole_number("blocks_per_group", value, 1)
     except ConfigError as e:
         raise ConfigError("blocks_per_group", f"{_reason(e)}; try 1 or 2") from None
+
+
+def parse_bake_lora(value: Any) -> BakeMode:
+    """``bake_lora``'s one parser: "off", "on" or "auto" (a bool: on/off)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str) and value.strip().lower() in BAKE_MODES:
+        return value.strip().lower()  # type: ignore[return-value]
+    raise ConfigError("bake_lora", f"must be one of {list(BAKE_MODES)}, got {value!r}")
 
 
 def parse_prefetch_depth(value: Any) -> int:

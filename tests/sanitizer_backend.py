@@ -8,6 +8,9 @@ a staging buffer is a kernel on it; ``host_wait(event)`` is an event synchroniza
 
 ``drop`` removes one of the engine's three waits so a test can show the checker has teeth:
   "compute-waits-copy", "copy-waits-compute", "host-waits-copy".
+``slow`` slows one side down by ``delay`` seconds a call, so the real threads' timing changes
+under the same schedule: "copy" (every copy on the copy stream), "host" (every host fill of a
+buffer, on a reader thread).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import bisect
 import contextlib
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -53,9 +57,14 @@ class SanitizerBackend:
     synchronous = False
     can_pin = True
 
-    def __init__(self, drop: str | None = None) -> None:
+    def __init__(
+        self, drop: str | None = None, slow: str | None = None, delay: float = 0.005
+    ) -> None:
         assert drop in (None, "compute-waits-copy", "copy-waits-compute", "host-waits-copy")
+        assert slow in (None, "copy", "host")
         self.drop = drop
+        self.slow = slow
+        self.delay = delay
         self.device = torch.device("cpu")
         self.handler = EventHandler()
         self.lock = threading.RLock()
@@ -180,6 +189,8 @@ class SanitizerBackend:
             self.errors.extend(errs)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if self.slow == "copy" and self.current() is self.copier:
+            time.sleep(self.delay)
         self._tls.in_copy = True
         try:
             dst.copy_(src)
@@ -189,6 +200,8 @@ class SanitizerBackend:
 
     def host_fill(self, dst: torch.Tensor, fill: Callable[[], T]) -> T:
         self.kernel(self.host, set(), {_span(dst)}, "host-read-into")
+        if self.slow == "host":
+            time.sleep(self.delay)
         out = fill()
         # The host finished writing before it launches anything that follows.
         with self.lock:

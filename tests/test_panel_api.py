@@ -96,7 +96,7 @@ def test_settings_round_trip_panel_file_nodes(
     assert data["policy"] == {
         "level": "block", "blocks_per_group": 3, "tier": "disk", "disk_path": str(disk),
         "source_checkpoint": None, "prefetch_depth": 2, "vram_budget_gb": 1.5, "headroom_gb": 0.5,
-        "direct_io": False, "verify": "every_read", "cpu_read": "copy",
+        "direct_io": False, "verify": "every_read", "cpu_read": "copy", "bake_lora": "off",
     }  # fmt: skip
     assert data["quant_preset"] == "int8-weight"
     assert not disk.exists()  # saving a disk path creates nothing

@@ -60,6 +60,8 @@ def every_policy(folder: str) -> list[OffloadPolicy]:
         OffloadPolicy(level=BlockLevel(7), tier=PinnedRamTier(), prefetch_depth=8),
         OffloadPolicy(vram_budget="auto", headroom_bytes=123_456_789),
         OffloadPolicy(vram_budget=7_838_315_725, headroom_bytes=0),
+        OffloadPolicy(tier=RamTier(), bake_lora="auto"),
+        OffloadPolicy(bake_lora="on"),
         *(OffloadPolicy(tier=t, prefetch_depth=3, vram_budget=1) for t in disks),
     ]
 

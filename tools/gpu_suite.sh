@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # The GPU suite in one command, for a lent GPU machine:
 #   bash tools/gpu_suite.sh              tests, sanitizer run, benchmark (all)
-#   bash tools/gpu_suite.sh tests        the GPU tests and the TORCH_CUDA_SANITIZER run only
+#   bash tools/gpu_suite.sh tests        the GPU tests and the TORCH_CUDA_SANITIZER run, then the rows
+#   bash tools/gpu_suite.sh rows         the issue-41 rows only (ram_rows, gguf_lora_rows below):
+#       the RAM tier staged vs pageable vs pinned (GB/s and x resident on the bench Flux), and
+#       GGUF + 0/1/4 LoRAs baked and per forward (bench/gguf_lora_paired.py: ComfyUI-GGUF's own
+#       layers, so FERRY_COMFYUI and FERRY_COMFYUI_GGUF must name checkouts, and the gguf wheel
+#       be carried in .whl/; without them the row says skipped and why).
 #   bash tools/gpu_suite.sh bench [ARGS] the benchmark only (ARGS go to python -m bench.compare)
 #   bash tools/gpu_suite.sh h2h [ARGS]   the head-to-head only (ARGS go to python -m bench.h2h):
 #       Ferry vs ComfyUI core vs diffusers, KSampler on one model, VRAM capped at 12 and 24 GB.
@@ -26,7 +31,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-all}
 [ $# -gt 0 ] && shift
-case "$part" in all|tests|bench|h2h|install) ;; *) echo "usage: bash tools/gpu_suite.sh [all|tests|bench|h2h|install] [args]" >&2; exit 2 ;; esac
+case "$part" in all|tests|rows|bench|h2h|install) ;; *) echo "usage: bash tools/gpu_suite.sh [all|tests|rows|bench|h2h|install] [args]" >&2; exit 2 ;; esac
 
 if [ -n "${FERRY_PY:-}" ]; then py=$FERRY_PY
 elif [ -x .venv-bench/bin/python ]; then py=.venv-bench/bin/python
@@ -53,6 +58,29 @@ fi
 
 results=bench/results
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
+# The issue-41 rows: with a GPU at the bench Flux's size, without one at a tiny size (the dry run).
+ram_modes=resident,ferry-block-pinned,ferry-block-ram,ferry-block-ram+pageable
+if [ -n "$gpu" ]; then
+  ram_args=(--model flux --tokens 1024 --txt-tokens 256 --layers 3 --single-layers 6 --dtype bf16 --forwards 3)
+  gguf_args=(--device cuda --dtype bf16 --quants q8_0,q4_k --loras 1,4 --width 3072 --depth 4 --tokens 1024 --rounds 5)
+else
+  ram_args=(--model dit --size-gb 0.05 --tokens 64 --device cpu --forwards 1)  # no diffusers needed
+  gguf_args=(--device cpu --quants q8_0 --loras 1 --width 256 --depth 2 --tokens 16 --rounds 2)
+fi
+
+rows() {  # the RAM tier staged/pageable/pinned, then GGUF + LoRAs baked and per forward
+  local rc=0
+  run ram-staging "$py" -m bench.compare --modes "$ram_modes" "${ram_args[@]}" \
+    --workdir "${FERRY_BENCH_DIR:-/tmp/ferry-bench}" --out "$results/$stamp-ram-staging.md" || rc=1
+  [ -n "${OUT:-}" ] && cp "$results/$stamp-ram-staging.md" "$OUT/" 2>/dev/null
+  if [ -z "${FERRY_COMFYUI:-}" ] || [ -z "${FERRY_COMFYUI_GGUF:-}" ]; then
+    echo "skipped gguf-lora: FERRY_COMFYUI or FERRY_COMFYUI_GGUF unset (ComfyUI-GGUF's layers are needed)"
+  else
+    FERRY_REPO=$PWD PYTHONPATH="$PWD/tests/comfyui/site:$PYTHONPATH" \
+      run gguf-lora "${FERRY_COMFYUI_PYTHON:-$py}" -m bench.gguf_lora_paired "${gguf_args[@]}" || rc=1
+  fi
+  return "$rc"
+}
 
 run() {  # run NAME CMD...: tee the output to bench/results/<stamp>-NAME.txt
   local name=$1; shift
@@ -66,9 +94,15 @@ run() {  # run NAME CMD...: tee the output to bench/results/<stamp>-NAME.txt
 }
 
 if [ -z "$gpu" ]; then
+  results=$(mktemp -d /tmp/ferry-gpu-suite-dry.XXXXXX)  # the dry run's logs: not bench/results
+  FERRY_BENCH_DIR=${FERRY_BENCH_DIR:-$results/work}
   if [ "$part" = all ] || [ "$part" = tests ]; then
-    echo "== cpu part: $py -m pytest tests/test_gpu.py tests/test_gguf_gpu.py tests/test_stream_ordering.py tests/test_stream_backend.py"
-    "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_gguf_gpu.py tests/test_stream_ordering.py tests/test_stream_backend.py || status=$?
+    echo "== cpu part: $py -m pytest tests/test_gpu.py tests/test_gguf_gpu.py tests/test_stream_ordering.py tests/test_stream_backend.py tests/test_staged_ram.py"
+    "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_gguf_gpu.py tests/test_stream_ordering.py tests/test_stream_backend.py tests/test_staged_ram.py || status=$?
+  fi
+  if [ "$part" = all ] || [ "$part" = tests ] || [ "$part" = rows ]; then
+    rows || status=1
+    rm -rf "$results/work"  # the tiny model's checkpoint; the logs stay in $results
   fi
   if [ "$part" = all ] || [ "$part" = h2h ]; then
     echo "== h2h dry run: $py -m bench.h2h --steps 2 --fresh $*"
@@ -87,6 +121,9 @@ if [ "$part" = all ] || [ "$part" = tests ]; then
   # The CUDA Sanitizer run: the test launches the offloaded model under TORCH_CUDA_SANITIZER=1
   # and fails on any race the sanitizer reports.
   run cuda-sanitizer "$py" -m pytest -q -p no:cacheprovider tests/test_gpu.py -k sanitizer || status=1
+fi
+if [ "$part" = all ] || [ "$part" = tests ] || [ "$part" = rows ]; then
+  rows || status=1
 fi
 if [ "$part" = all ] || [ "$part" = bench ]; then
   # Default GPU suite (bench/compare.py suite()): Flux at full width 3072, 6 double + 12 single

@@ -44,6 +44,8 @@ from .plan import Chunk, ReadPlan, Window, check_chunk, check_identity, truncate
 T = TypeVar("T")
 #: The bounce buffer's size: 16 MiB pieces read as fast as one request per window here.
 BOUNCE = 16 << 20
+#: The smallest piece of a slab ``Reader.copy_in`` gives a thread of its own.
+MIN_PIECE = 4 << 20
 
 
 class ReadClock(Protocol):
@@ -99,6 +101,21 @@ class Reader:
         finally:
             self.clock.read_finished(done)
 
+    def copy_in(self, src: torch.Tensor, dst: torch.Tensor, nbytes: int) -> None:
+        """The first ``nbytes`` of ``src`` (a slab in RAM) into ``dst`` (a staging buffer),
+        in up to ``threads`` pieces copied at once on the pool ([Note: the RAM tier through
+        staging] in transfer/copies.py). Runs on the calling thread (the load thread); not a
+        disk read, so not counted as one."""
+        pieces = copy_pieces(nbytes, self.threads)
+        s, d = src.data_ptr(), dst.data_ptr()
+        if len(pieces) == 1:
+            ctypes.memmove(d, s, nbytes)
+            return
+        futures = [self._threads().submit(ctypes.memmove, d + o, s + o, n) for o, n in pieces]
+        wait(futures)
+        for f in futures:
+            f.result()
+
     def timed(self, nbytes: int, read: Callable[[], None]) -> None:
         """A read another object issues (a mapped group faulting its pages in), counted."""
         self.clock.read_started()
@@ -132,6 +149,17 @@ class Reader:
                 pool.shutdown(wait=True)
         self._load_thread = self._pool = None
         self._bounces = None
+
+
+def copy_pieces(nbytes: int, threads: int) -> list[tuple[int, int]]:
+    """(offset, length) pieces of a copy of ``nbytes`` for ``threads`` threads: equal,
+    64-byte aligned, none under ``MIN_PIECE`` (a thread's hop costs more than a small copy)."""
+    count = max(1, min(threads, nbytes // MIN_PIECE))
+    if count == 1:
+        return [(0, nbytes)]
+    step = (nbytes + count - 1) // count
+    step = (step + 63) // 64 * 64
+    return [(o, min(step, nbytes - o)) for o in range(0, nbytes, step)]
 
 
 def pread_full(backend: FileBackend, fd: int, into: memoryview, offset: int) -> int:

@@ -163,9 +163,10 @@ def plan_graph(
 
 def _working(net: NetworkFacts, machine: MachineFacts, s: Sizing) -> int:
     """RAM a network takes besides its host tier: on a CPU its slots and what lies outside
-    its blocks (the onload device is RAM); on a GPU a disk tier's staging, a slot's size."""
+    its blocks (the onload device is RAM); on a GPU the staging ring a disk or RAM tier reads
+    through, a slot's size ([Note: the RAM tier through staging])."""
     if machine.on_gpu:
-        return s.slot_bytes if net.wish.tier == "disk" else 0
+        return s.slot_bytes if net.wish.tier in ("disk", "ram") else 0
     return s.slot_bytes + net.outside_bytes
 
 

@@ -1,4 +1,5 @@
-"""A group's slab in RAM, pinned (fast, asynchronous copies) or plain."""
+"""A group's slab in RAM, pinned (fast, asynchronous copies) or plain (copied to a device
+through the pinned staging ring: [Note: the RAM tier through staging] in transfer/copies.py)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ class HostSlabSource:
     uses_slot = True
     file_plan = None  # its bytes are in memory: no file
 
-    def __init__(self, slab: torch.Tensor) -> None:
+    def __init__(self, slab: torch.Tensor, pinned: bool = False) -> None:
         self.slab = slab
+        self.pinned = pinned
 
     def load(self, transfers: Transfers, slot: Slot | None) -> Future[Any]:
         assert slot is not None
-        return transfers.copy_slab(slot, self.slab, self.slab.numel())
+        return transfers.copy_slab(slot, self.slab, self.slab.numel(), self.pinned)
 
     def release(self) -> None:
         pass

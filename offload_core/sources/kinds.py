@@ -39,11 +39,13 @@ Made = tuple[WeightSource, list[torch.Tensor]]
 @dataclass(frozen=True)
 class Placed:
     """A streamed group as a kind sees it: ``packed`` is its slab, filled; ``verbatim``:
-    its bytes were read from the checkpoint as stored (Origin.fill)."""
+    its bytes were read from the checkpoint as stored (Origin.fill); ``pinned``: the slab is
+    page-locked."""
 
     spec: GroupSpec
     packed: torch.Tensor
     verbatim: bool
+    pinned: bool = False  # ``packed`` is page-locked (the pinned tier, under its limit)
 
 
 class Placing(Protocol):
@@ -72,7 +74,7 @@ Kind = Callable[[Placing, Placed], Made | None]
 def host_slab(p: Placing, g: Placed) -> Made | None:
     if isinstance(p.tier, DiskTier):
         return None
-    return HostSlabSource(g.packed), [e.build(g.packed) for e in g.spec.entries]
+    return HostSlabSource(g.packed, g.pinned), [e.build(g.packed) for e in g.spec.entries]
 
 
 def checkpoint(p: Placing, g: Placed) -> Made | None:

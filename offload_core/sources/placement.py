@@ -71,6 +71,10 @@ class Placement:
         self.notes: list[str] = []
         self.mappings = Mappings()  # the files the groups' host forms view
         self.cpu_read: Literal["mapped", "copy"] = "copy"
+        #: The pinned tier's share: pinned, and past its pin limit (in RAM, staged).
+        self.pinned_bytes = 0
+        self.staged_bytes = 0
+        self.pin_refused = False  # the system refused a pin: the rest waits in RAM
 
     @property
     def streamed(self) -> list[GroupRuntime]:
@@ -95,6 +99,12 @@ class Placement:
                     if progress is not None:
                         progress(i + 1, len(groups))
                 self._move_outside()
+            if self.staged_bytes:
+                self.notes.append(
+                    f"pinned tier: {fmt_bytes(self.pinned_bytes)} pinned; the "
+                    f"{fmt_bytes(self.staged_bytes)} past the pin limit wait in RAM and reach "
+                    "the device through the pinned staging buffers"
+                )
             if self.store is not None:
                 self.store.mark_ready()
         except BaseException:
@@ -141,27 +151,49 @@ class Placement:
 
     def _slab_for(
         self, spec: GroupSpec, resident: bool, scratch: torch.Tensor | None
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, bool]:
         """Where the group's bytes are packed: a device buffer (resident), the disk tier's
-        scratch (written to a file next), or the group's own host slab."""
+        scratch (written to a file next), or the group's own host slab; and whether that
+        slab is pinned."""
         if resident:
-            return self.backend.empty_device(spec.nbytes)
+            return self.backend.empty_device(spec.nbytes), False
         if scratch is not None:
             buf = scratch[: spec.nbytes]
             buf.zero_()  # padding bytes are part of the checksummed data
-            return buf
-        pinned = isinstance(self.tier, PinnedRamTier) and self.backend.can_pin
-        return self.backend.empty_host(spec.nbytes, pinned=pinned)
+            return buf, False
+        if isinstance(self.tier, PinnedRamTier) and self.backend.can_pin:
+            pinned = self._pinned_slab(self.tier, spec.nbytes)
+            if pinned is not None:
+                return pinned, True
+        return self.backend.empty_host(spec.nbytes, pinned=False), False
+
+    def _pinned_slab(self, tier: PinnedRamTier, nbytes: int) -> torch.Tensor | None:
+        """A pinned slab while the pinned share stays under the tier's ``pin_limit`` and
+        the system pins it; None past either (the group waits in RAM and reaches the device
+        through the staging ring: [Note: the RAM tier through staging])."""
+        limit = tier.pin_limit
+        if self.pin_refused or (limit is not None and self.pinned_bytes + nbytes > limit):
+            self.staged_bytes += nbytes
+            return None
+        try:
+            buf = self.backend.empty_host(nbytes, pinned=True)
+        except RuntimeError as e:  # the system's own cap (Windows: about half of RAM)
+            log.info("ferry: pinning stopped at %s: %s", fmt_bytes(self.pinned_bytes), e)
+            self.pin_refused = True
+            self.staged_bytes += nbytes
+            return None
+        self.pinned_bytes += nbytes
+        return buf
 
     def _place(
         self, spec: GroupSpec, resident: bool, scratch: torch.Tensor | None
     ) -> GroupRuntime | ResidentGroup:
-        buf = self._slab_for(spec, resident, scratch)
+        buf, pinned = self._slab_for(spec, resident, scratch)
         verbatim = self.origin.fill(spec, buf)
         if resident:
             _point_all(spec.entries, [e.build(buf) for e in spec.entries])
             return ResidentGroup(spec, DeviceBytes(buf))
-        source, forms = make_source(self, Placed(spec, buf, verbatim))
+        source, forms = make_source(self, Placed(spec, buf, verbatim, pinned))
         _point_all(spec.entries, forms)
         return GroupRuntime(spec, source, forms)
 

@@ -13,21 +13,40 @@ else on the hot path blocks:
      same bytes replaces the older event there: its copy waited on that event and its
      compute on its copy, so waiting on the newer one orders after both. The schedule never
      overlaps a region not released yet, so the events are known when the load is issued;
-  3. ``_staged_read``: the host waits on the last copy out of a staging buffer
+  3. ``_staged``: the host waits on the last copy out of a staging buffer
      (``Staging.free``) before it refills it. A reader thread takes a staging buffer from a
      queue when it starts and gives it back once its copy is issued, with that copy's event.
+     The staging ring is filled by one path for two kinds of host bytes: a disk read
+     (``read_file``) and a slab in pageable RAM (``copy_slab`` of an unpinned slab: the
+     reader's threads copy it into the pinned buffer, [Note: the RAM tier through staging]),
+     so wait 3 is the same wait for both.
 Each event is recorded on the stream that did the work, and the consumer's stream is looked
 up when the wait is issued, never cached (the caller may run the model under its own stream).
 A load's ready-event always travels as a ``Future`` beside its slot (``runtime.engine.Load``):
-resolved at once for a copy from a host slab, by the reader's load thread for a disk read
-(disk/reader.py: the one reader, which owns the threads and how a file is read).
+resolved at once for a copy from a pinned slab, by the reader's load thread for a disk read
+or a staged slab (disk/reader.py: the one reader, which owns the threads and how a file is
+read).
 On a CPU (``backend.synchronous``) there are no events: the load thread fills the slot itself,
 which is safe because the last reader of the region's bytes returned before the load was
 issued.
+
+[Note: the RAM tier through staging]
+A copy from pageable memory to a device is staged by the driver through its own small pinned
+buffers, one thread, one chunk at a time: the first GPU run measured 8.5 GB/s from the RAM
+tier against 55.5 GB/s from pinned memory (docs/benchmarks.md, "The first GPU run"). So a
+group whose slab is not pinned (the RAM tier; the pinned tier's groups past the pin limit)
+goes the disk tier's way: the load thread takes a pinned staging buffer (wait 3), the
+reader's pool copies the slab into it in pieces in parallel (``Reader.copy_in``), and the
+copy stream copies the staging buffer into the slot as from any pinned slab. Only the
+staging ring is pinned (prefetch_depth + 1 buffers of the largest group). A pinned slab, a
+backend that cannot pin (MPS) and a CPU (no device copy: the slab is copied into the slot
+as before) keep the direct copy.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import queue
 import time
 from collections.abc import Callable
@@ -41,6 +60,8 @@ from ..disk.reader import ReadClock, Reader
 from .backend import Backend
 from .buffers import Slot, Staging
 from .timings import DeviceTimings
+
+log = logging.getLogger("ferry")
 
 
 class Tally(ReadClock, Protocol):
@@ -68,8 +89,9 @@ class Transfers:
         read_threads: int = 4,
     ) -> None:
         """``ring_bytes`` (0: no slots, every group computes in place); ``staging``: how
-        many staging buffers of how many bytes (the largest group) a disk read goes through,
-        None for none; ``read_threads``: the reader's pool for checked chunks."""
+        many staging buffers of how many bytes (the largest group) a disk read or an unpinned
+        slab goes through, None for none; ``read_threads``: the reader's pool (checked
+        chunks, the pieces of a slab copied into staging)."""
         self.backend = backend
         self.counters = counters
         self.reader = Reader(counters, read_threads)
@@ -80,12 +102,21 @@ class Transfers:
         self._free_stagings: queue.SimpleQueue[Staging] = queue.SimpleQueue()
         if staging is not None and self.ring is not None and not backend.synchronous:
             count, nbytes = staging
-            self.stagings = [
-                Staging(backend.empty_host(nbytes, pinned=backend.can_pin)) for _ in range(count)
-            ]
+            self.stagings = [Staging(self._staging_buffer(nbytes)) for _ in range(count)]
         for st in self.stagings:
             self._free_stagings.put(st)
         self.timings = DeviceTimings(counters)
+
+    def _staging_buffer(self, nbytes: int) -> torch.Tensor:
+        """Pinned where the backend pins and the system still agrees (a pinned tier may
+        have pinned up to its cap), else plain: slower copies, the same waits."""
+        b = self.backend
+        if b.can_pin:
+            try:
+                return b.empty_host(nbytes, pinned=True)
+            except RuntimeError as e:
+                log.warning("ferry: a staging buffer could not be pinned (%s); using RAM", e)
+        return b.empty_host(nbytes, pinned=False)
 
     def slot_at(self, offset: int, size: int) -> Slot:
         """The region ``offset .. offset + size`` of the ring, as a slot."""
@@ -98,9 +129,22 @@ class Transfers:
         return [ev for a, b, ev in self._released if a < end and start < b]
 
     # -- loads: each returns the future of the slot's ready-event --------------------------
-    def copy_slab(self, slot: Slot, slab: torch.Tensor, nbytes: int) -> Future[Any]:
-        """A host slab (pinned or plain RAM) into ``slot``."""
-        return resolved(self._copy(slot, slab, nbytes, self._overlapped(slot)))
+    @property
+    def stages_memory(self) -> bool:
+        """Whether an unpinned slab goes through the staging ring ([Note: the RAM tier
+        through staging])."""
+        return bool(self.stagings) and self.backend.can_pin
+
+    def copy_slab(
+        self, slot: Slot, slab: torch.Tensor, nbytes: int, pinned: bool = True
+    ) -> Future[Any]:
+        """A host slab into ``slot``: straight from a pinned one, through a staging buffer
+        from pageable RAM ([Note: the RAM tier through staging])."""
+        slot_frees = self._overlapped(slot)  # on the engine's thread (wait 2)
+        if pinned or not self.stages_memory:
+            return resolved(self._copy(slot, slab, nbytes, slot_frees))
+        fill = functools.partial(self.reader.copy_in, slab, nbytes=nbytes)
+        return self.reader.submit(self._staged, fill, nbytes, slot, slot_frees)
 
     def read_file(self, plan: ReadPlan, slot: Slot) -> Future[Any]:
         """A group's bytes from a file into ``slot``: straight in on a CPU, else through a
@@ -112,7 +156,8 @@ class Transfers:
             )
         # Looked up here, on the engine's thread: see [Note: the three waits] (wait 2).
         slot_frees = self._overlapped(slot)
-        return self.reader.submit(self._staged_read, plan, slot, slot_frees)
+        fill = functools.partial(self.reader.read, plan)
+        return self.reader.submit(self._staged, fill, plan.span, slot, slot_frees)
 
     def run_read(self, nbytes: int, read: Callable[[], None]) -> Future[Any]:
         """A read that needs no slot (a mapped group faulting its pages in); no event."""
@@ -179,13 +224,21 @@ class Transfers:
                     self.counters.add(stall_s=spent)  # a CPU copy blocks compute: stall
         return ready
 
-    def _staged_read(self, plan: ReadPlan, slot: Slot, slot_frees: list[Any]) -> Any:
+    def _staged(
+        self,
+        fill: Callable[[torch.Tensor], None],
+        nbytes: int,
+        slot: Slot,
+        slot_frees: list[Any],
+    ) -> Any:
+        """On the load thread: ``fill`` (a disk read, a copy from a RAM slab) writes a
+        staging buffer, whose first ``nbytes`` the copy stream then copies into ``slot``."""
         staging = self._free_stagings.get()  # given back below, by whoever holds it
         try:
             if staging.free is not None:
                 self.backend.host_wait(staging.free)  # wait 3: the last copy out of it is done
-            self.backend.host_fill(staging.buf, lambda: self.reader.read(plan, staging.buf))
-            ready = self._copy(slot, staging.buf, plan.span, slot_frees)
+            self.backend.host_fill(staging.buf, lambda: fill(staging.buf))
+            ready = self._copy(slot, staging.buf, nbytes, slot_frees)
             staging.free = ready  # the buffer travels with its event
             return ready
         finally:

@@ -152,3 +152,31 @@ def test_lora_before_and_after_ferry(client: Client, gserver: Server, arch: str,
     # And back: the same Ferry node without the LoRA gives the plain latent.
     got, _ = run_ferry(client, gserver, arch, mix, [ferry(tier="disk")], f"{arch}-{mix}-back")
     assert torch.equal(got, plain)
+
+
+#: Four LoRAs (the test's one file, four times at different strengths): what ComfyUI-GGUF
+#: patches on every forward, and what ``bake_lora`` computes once.
+FOUR_LORAS = [1.0, 0.5, -0.3, 0.7]
+
+
+@pytest.mark.parametrize("arch,mix", MODELS)
+def test_baked_lora_equals_per_forward_in_every_tier(
+    client: Client, gserver: Server, arch: str, mix: str
+) -> None:
+    """``bake_lora on``: the latent equals UnetLoaderGGUF + LoraLoaderModelOnly without Ferry,
+    in every tier and with the LoRAs before or after Ferry; the log says it baked. Off and
+    auto too (auto bakes or not as it measured; either is exact)."""
+    loras = [lora(arch, s) for s in FOUR_LORAS]
+    want = run(client, gserver, arch, mix, loras, f"{arch}-{mix}-4l")
+    plain = run(client, gserver, arch, mix, [], f"{arch}-{mix}-plain-4l")
+    assert not torch.equal(want, plain)
+    cases = [(tier, "on") for tier in ("pinned", "ram", "disk")] + [("ram", "off"), ("ram", "auto")]
+    for i, (tier, bake) in enumerate(cases):
+        baked = gserver.log.read_text(errors="replace").count("patched weights")
+        for order in ("fl", "lf"):
+            node = ferry(tier=tier, bake_lora=bake, level="leaf" if i % 2 else "block")
+            chain = [node, *loras] if order == "fl" else [*loras, node]
+            got, _ = run_ferry(client, gserver, arch, mix, chain, f"{arch}-{mix}-b{i}{order}")
+            assert torch.equal(got, want), (tier, bake, order)
+        said = gserver.log.read_text(errors="replace").count("patched weights") > baked
+        assert said or bake == "off", (tier, bake, gserver.log_tail())
