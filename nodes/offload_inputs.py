@@ -107,3 +107,22 @@ def advanced_inputs() -> list[io.Input]:
             "straight from the page cache (least RAM); copy always copies. A GPU always copies.",
         ),
     ]  # fmt: skip
+
+
+def offload_schema(
+    node_id: str, display_name: str, description: str, network: type[io.ComfyTypeIO],
+    name: str, what: str,
+) -> io.Schema:  # fmt: skip
+    """The schema of a Ferry offload node for one kind of network (``network``: its ComfyUI
+    type; ``name``: its input's id; ``what``: the words its tooltips say): that input, then
+    every setting of Ferry Offload Model, and the same network out."""
+    return io.Schema(
+        node_id=node_id,
+        display_name=display_name,
+        category="Ferry",
+        description=description,
+        inputs=[network.Input(name, tooltip=f"The {what} to offload."), *setting_inputs()],
+        outputs=[network.Output(tooltip=f"The same {what}; it loads through Ferry.")],
+        # The queued prompt and this node's id: "auto" is planned for all its networks.
+        hidden=[io.Hidden.prompt, io.Hidden.unique_id],
+    )

@@ -15,10 +15,10 @@ from comfy_api.latest import io, ui
 
 from ..offload_core import ConfigError, DiskTier, OffloadPolicy
 from ..offload_core.planner import Choice, NetworkFacts
-from ..offload_core.planner.facts import Kind
-from ..offload_core.policy import AUTO, DEFAULT_HEADROOM_GB
+from ..offload_core.policy import AUTO
 from ..offload_core.tools.settings_file import default_settings_path, load_settings
 from ..seam.model_files import gguf_file_of
+from ..seam.site import DIFFUSION_MODEL, NetworkSite, PlannerKind
 from .auto_settings import network_in_hand, planned_widgets, remember
 from .config import (
     AUTO_WIDGETS,
@@ -53,31 +53,10 @@ def settings_fingerprint() -> tuple[str, int, int]:
     return (str(p), st.st_mtime_ns, st.st_size)
 
 
-class FerryOffloadModel(io.ComfyNode):
-    @classmethod
-    def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id=NODE_ID,
-            display_name="Ferry Offload Model",
-            category="Ferry",
-            description=(
-                "Streams the model's blocks to the GPU group by group while it runs, from pinned "
-                "RAM, RAM or disk, so models bigger than your VRAM (or RAM) run at close to full "
-                "speed. Put it right after the model loader; LoRA and other nodes can follow it."
-            ),
-            inputs=[
-                io.Model.Input(
-                    "model",
-                    tooltip="The diffusion model to offload. From UNETLoader the whole model is "
-                    "in RAM first (the peak happens at the loader); from Ferry Load Diffusion "
-                    "Model (quant_preset none) it streams from its file: models bigger than RAM.",
-                ),
-                *setting_inputs(),
-            ],
-            outputs=[io.Model.Output(tooltip="The same model; it loads through Ferry.")],
-            # The queued prompt and this node's id: "auto" is planned for all its networks.
-            hidden=[io.Hidden.prompt, io.Hidden.unique_id],
-        )
+class FerryOffloadNode(io.ComfyNode):
+    """What every Ferry offload node does the same way, whatever network it offloads (each
+    node names its site: seam/site.py): the widgets' checks, "auto" planned for the prompt,
+    the Ferry clone checked against the network before any weight moves."""
 
     @classmethod
     def fingerprint_inputs(cls, use_panel_settings: bool, **kwargs: object) -> object:
@@ -123,43 +102,67 @@ class FerryOffloadModel(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(
+    def offload(
         cls,
-        model: object,
+        obj: Any,
+        site: NetworkSite,
+        name: str,
         use_panel_settings: bool,
-        level: str,
-        blocks_per_group: str,
-        tier: str,
-        disk_path: str,
-        prefetch_depth: str,
-        vram_budget: str,
-        headroom_gb: float = DEFAULT_HEADROOM_GB,
-        direct_io: bool = True,
-        verify: str = "first_read",
-        cpu_read: str = "auto",
+        widgets: dict[str, Any],
+        source: str | None = None,
     ) -> io.NodeOutput:
-        widgets = {
-            "level": level, "blocks_per_group": blocks_per_group, "tier": tier,
-            "disk_path": disk_path, "prefetch_depth": prefetch_depth, "vram_budget": vram_budget,
-            "headroom_gb": headroom_gb, "direct_io": direct_io, "verify": verify,
-            "cpu_read": cpu_read,
-        }  # fmt: skip
-        name = _model_name(model)
-        network = getattr(getattr(model, "model", None), "diffusion_model", None)
-        policy, choice = auto_policy(cls.hidden, use_panel_settings, widgets, network, name)
-        config = FerryConfig(policy, name=name)
+        """``obj`` (the node's input) with its network at ``site`` loading through Ferry as
+        the widgets say; ``source``: the file its weights are in as they are (the disk tier
+        reads groups from it)."""
+        network = site.network_of(getattr(site.patcher_of(obj), "model", None))
+        policy, choice = auto_policy(
+            cls.hidden, use_panel_settings, widgets, network, name, site.planner_kind
+        )
+        config = FerryConfig(policy, name=name, kind=site.kind).with_source_checkpoint(source)
         remember(config.title, choice)
+        out = ferry_clone(obj, config, site)
+        if out is None:  # left to ComfyUI's dynamic VRAM; the log says why, once, with the flag
+            return io.NodeOutput(obj, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
+        check_against_model(site.patcher_of(out), config, use_panel_settings)
+        return io.NodeOutput(out)
+
+
+class FerryOffloadModel(FerryOffloadNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id=NODE_ID,
+            display_name="Ferry Offload Model",
+            category="Ferry",
+            description=(
+                "Streams the model's blocks to the GPU group by group while it runs, from pinned "
+                "RAM, RAM or disk, so models bigger than your VRAM (or RAM) run at close to full "
+                "speed. Put it right after the model loader; LoRA and other nodes can follow it."
+            ),
+            inputs=[
+                io.Model.Input(
+                    "model",
+                    tooltip="The diffusion model to offload. From UNETLoader the whole model is "
+                    "in RAM first (the peak happens at the loader); from Ferry Load Diffusion "
+                    "Model (quant_preset none) it streams from its file: models bigger than RAM.",
+                ),
+                *setting_inputs(),
+            ],
+            outputs=[io.Model.Output(tooltip="The same model; it loads through Ferry.")],
+            # The queued prompt and this node's id: "auto" is planned for all its networks.
+            hidden=[io.Hidden.prompt, io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def execute(cls, model: Any, use_panel_settings: bool, **widgets: Any) -> io.NodeOutput:
+        source = None
         if not getattr(model, "patches", None):
             # Weights as in their file: the disk tier may read groups from it, not write copies.
             source = getattr(model, "ferry_source_checkpoint", None)
             if source is None and hasattr(getattr(model, "model", None), "diffusion_model"):
                 source = gguf_file_of(model.model.diffusion_model)  # UnetLoaderGGUF's file
-            config = config.with_source_checkpoint(source)
-        out = ferry_clone(model, config)
-        if out is None:  # left to ComfyUI's dynamic VRAM; the log says why, once, with the flag
-            return io.NodeOutput(model, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
-        check_against_model(out, config, use_panel_settings)
-        return io.NodeOutput(out)
+        name = _model_name(model)
+        return cls.offload(model, DIFFUSION_MODEL, name, use_panel_settings, widgets, source)
 
 
 def auto_policy(
@@ -168,7 +171,7 @@ def auto_policy(
     widgets: dict[str, Any],
     network: Any,
     name: str,
-    kind: Kind = "model",
+    kind: PlannerKind = "model",
 ) -> tuple[OffloadPolicy, Choice | None]:
     """The node's policy with its "auto" settings planned (auto_settings.py) for the whole
     prompt, and the planner's choice (None where nothing was planned)."""

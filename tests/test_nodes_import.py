@@ -29,7 +29,10 @@ COMFY_MODULES = (
     "quant_loader",
     "comfy_core",
     "text_encoder_node",
-    "text_encoder_patcher",
+    "load_steps",
+    "controlnet_node",
+    "model_patch_node",
+    "clip_vision_node",
     "text_encoder_stream",
     "text_encoder_loader_node",
 )

@@ -21,6 +21,7 @@ controls = importlib.import_module(f"{PACK_NAME}.webui.controls")
 layout_mod = importlib.import_module(f"{PACK_NAME}.webui.layout")
 patcher_mod = importlib.import_module(f"{PACK_NAME}.webui.patcher")
 script_mod = importlib.import_module(f"{PACK_NAME}.webui.script")
+site = importlib.import_module(f"{PACK_NAME}.seam.site")
 routes = importlib.import_module(f"{PACK_NAME}.webui.routes")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
 settings_file = importlib.import_module(f"{PACK_NAME}.offload_core.tools.settings_file")
@@ -92,7 +93,7 @@ class Session:
 
     @property
     def layout(self) -> Any:
-        return layout_mod.UnetLayout.of(self.kmodel)
+        return layout_mod.ForgeLayout.of_patcher(self.kmodel, site.DIFFUSION_MODEL)
 
 
 @pytest.fixture
@@ -435,7 +436,7 @@ def _nothing_moved(s: Session, args: tuple[Any, ...], host: Any) -> str:
     dm = s.kmodel.diffusion_model
     where = {n: p.data_ptr() for n, p in dm.named_parameters()}
     p = forge.Processing(s.sd)
-    msg = script_mod.hand_over(p, args, host)
+    msg = script_mod.hand_over(p, args, host, site.DIFFUSION_MODEL)
     with pytest.raises(controls.ControlError) as e:
         p.sd_model.forge_objects.unet.forge_patch_model(forge.CPU)
     assert str(e.value) == msg
@@ -525,9 +526,9 @@ def test_api_callers_args() -> None:
     with pytest.raises(controls.ControlError, match="got 10 values for 9 controls"):
         controls.controls_dict([True] * 10)
     # An API caller that predates the text-encoder box: it is off.
-    assert controls.wants_text_encoder([True] * 8) is False
+    assert controls.switched_on([True] * 8, "text_encoder") is False
     with pytest.raises(controls.ControlError, match=r"^Ferry offload › Offload the text enc"):
-        controls.wants_text_encoder([True] * 8 + ["yes"])
+        controls.switched_on([True] * 8 + ["yes"], "text_encoder")
     with pytest.raises(controls.ControlError, match=r"^Ferry offload: must be true or false"):
         controls.offload_from_controls(["yes"], default_disk_path="/t", load_saved=lambda: None)
     assert (

@@ -18,7 +18,8 @@ from tests.conftest import PACK_NAME, load_pack
 load_pack()
 controls = importlib.import_module(f"{PACK_NAME}.webui.controls")
 layout_mod = importlib.import_module(f"{PACK_NAME}.webui.layout")
-te_patcher = importlib.import_module(f"{PACK_NAME}.webui.text_encoder_patcher")
+patcher_mod = importlib.import_module(f"{PACK_NAME}.webui.patcher")
+site = importlib.import_module(f"{PACK_NAME}.seam.site")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
 
 TOKENS = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(3))  # 2 chunks
@@ -58,7 +59,7 @@ class Session(unet_tests.Session):
 
     @property
     def layout(self) -> Any:
-        return layout_mod.TextEncoderLayout.of_encoder(self.joint)
+        return layout_mod.ForgeLayout.of_patcher(self.joint, site.TEXT_ENCODER)
 
 
 @pytest.fixture
@@ -186,7 +187,8 @@ def test_the_clone_keeps_the_text_encoders_class_and_offload(session: Any) -> No
     session.encode(ferry())
     clip = session.sd.forge_objects.clip
     again = clip.clone()  # a script cloning the CLIP after Ferry's (sd_forge_lora does)
-    assert isinstance(again.patcher, te_patcher.TextEncoderPatcherMixin)
+    assert isinstance(again.patcher, patcher_mod.FerryPatcherMixin)
+    assert again.patcher.ferry_site is site.TEXT_ENCODER
     assert again.patcher.ferry_offload == clip.patcher.ferry_offload
     assert again.cond_stage_model is session.joint
 
@@ -198,10 +200,8 @@ def test_the_panels_apply_finds_the_text_encoders_layout(session: Any) -> None:
     handle = session.layout.handle
     found = [lay for lay in layout_mod.layouts_of(session.sd) if lay.handle is handle]
     assert found == [session.layout] and found[0].release() and handle.removed
-    assert [type(lay).__name__ for lay in layout_mod.layouts_of(session.sd)] == [
-        "UnetLayout",
-        "TextEncoderLayout",
-    ]
+    unet, joint = (lay.module for lay in layout_mod.layouts_of(session.sd))
+    assert unet is session.sd.forge_objects.unet.model.diffusion_model and joint is session.joint
 
 
 def test_the_hires_pass_encodes_through_ferry_too(session: Any) -> None:
