@@ -48,8 +48,8 @@ class NetworkSite:
     planner_kind: PlannerKind = "model"
 
     def patcher_of(self, obj: Any) -> Any:
-        """The patcher on the host's object ``obj``."""
-        return getattr(obj, self.patcher) if self.patcher else obj
+        """The patcher on the host's object ``obj`` (None where it holds none)."""
+        return getattr(obj, self.patcher, None) if self.patcher else obj
 
     def network_of(self, model: Any) -> nn.Module | None:
         """The network on a patcher's ``model`` (None where it has none)."""
