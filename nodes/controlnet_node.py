@@ -10,29 +10,21 @@ when they load: the node refuses them by name.
 
 from __future__ import annotations
 
-from typing import Any
-
 from comfy_api.latest import io
 
 from ..seam.site import CONTROLNET
-from .offload_inputs import offload_schema
+from .offload_inputs import NodeText
 from .offload_node import FerryOffloadNode
 
 NODE_ID = "FerryOffloadControlNet"  # stable forever: saved workflows refer to it
 
 
 class FerryOffloadControlNet(FerryOffloadNode):
-    @classmethod
-    def define_schema(cls) -> io.Schema:
-        return offload_schema(
-            NODE_ID, "Ferry Offload ControlNet",
-            "Streams the ControlNet's blocks group by group while it runs beside the model, "
-            "from pinned RAM, RAM or disk, as Ferry Offload Model does for the diffusion "
-            "model. Put it right after the ControlNet loader.",
-            io.ControlNet, "control_net", "ControlNet",
-        )  # fmt: skip
-
-    @classmethod
-    def execute(cls, control_net: Any, use_panel_settings: bool, **widgets: Any) -> io.NodeOutput:
-        name = type(getattr(control_net, "control_model", None)).__name__
-        return cls.offload(control_net, CONTROLNET, name, use_panel_settings, widgets)
+    SITE = CONTROLNET
+    TEXT = NodeText(
+        NODE_ID, "Ferry Offload ControlNet",
+        "Streams the ControlNet's blocks group by group while it runs beside the model, from "
+        "pinned RAM, RAM or disk, as Ferry Offload Model does for the diffusion model. Put it "
+        "right after the ControlNet loader.",
+        io.ControlNet, "ControlNet",
+    )  # fmt: skip

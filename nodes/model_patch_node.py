@@ -8,29 +8,21 @@ model and calls its blocks one by one: the site (seam/site.py MODEL_PATCH).
 
 from __future__ import annotations
 
-from typing import Any
-
 from comfy_api.latest import io
 
 from ..seam.site import MODEL_PATCH
-from .offload_inputs import offload_schema
+from .offload_inputs import NodeText
 from .offload_node import FerryOffloadNode
 
 NODE_ID = "FerryOffloadModelPatch"  # stable forever: saved workflows refer to it
 
 
 class FerryOffloadModelPatch(FerryOffloadNode):
-    @classmethod
-    def define_schema(cls) -> io.Schema:
-        return offload_schema(
-            NODE_ID, "Ferry Offload Model Patch",
-            "Streams a model patch's blocks (Qwen-Image's or Z-Image's block-wise ControlNet) "
-            "group by group while the model runs it, from pinned RAM, RAM or disk. Put it "
-            "right after Load Model Patch.",
-            io.Custom("MODEL_PATCH"), "model_patch", "model patch",
-        )  # fmt: skip
-
-    @classmethod
-    def execute(cls, model_patch: Any, use_panel_settings: bool, **widgets: Any) -> io.NodeOutput:
-        name = type(getattr(model_patch, "model", None)).__name__
-        return cls.offload(model_patch, MODEL_PATCH, name, use_panel_settings, widgets)
+    SITE = MODEL_PATCH
+    TEXT = NodeText(
+        NODE_ID, "Ferry Offload Model Patch",
+        "Streams a model patch's blocks (Qwen-Image's or Z-Image's block-wise ControlNet) group "
+        "by group while the model runs it, from pinned RAM, RAM or disk. Put it right after "
+        "Load Model Patch.",
+        io.Custom("MODEL_PATCH"), "model patch",  # core's class for it is named per version
+    )  # fmt: skip

@@ -6,6 +6,8 @@ with the same defaults as ``execute()``'s keyword arguments.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from comfy_api.latest import io
 
 from ..offload_core import DiskTier
@@ -109,20 +111,31 @@ def advanced_inputs() -> list[io.Input]:
     ]  # fmt: skip
 
 
-def offload_schema(
-    node_id: str, display_name: str, description: str, network: type[io.ComfyTypeIO],
-    name: str, what: str,
-) -> io.Schema:  # fmt: skip
-    """The schema of a Ferry offload node for one kind of network (``network``: its ComfyUI
-    type; ``name``: its input's id; ``what``: the words its tooltips say): that input, then
-    every setting of Ferry Offload Model, and the same network out."""
+@dataclass(frozen=True)
+class NodeText:
+    """What a Ferry offload node shows: its id (stable forever: saved workflows refer to it),
+    name and description, the ComfyUI type of the network it takes and gives, what it calls
+    that network in its tooltips, and its input's tooltip where that says more."""
+
+    node_id: str
+    display_name: str
+    description: str
+    network: type[io.ComfyTypeIO]
+    what: str
+    tooltip: str = ""
+
+
+def offload_schema(text: NodeText, name: str) -> io.Schema:
+    """The schema of a Ferry offload node: its network's input (``name``), then every setting
+    of Ferry Offload Model, and the same network out."""
+    tooltip = text.tooltip or f"The {text.what} to offload."
     return io.Schema(
-        node_id=node_id,
-        display_name=display_name,
+        node_id=text.node_id,
+        display_name=text.display_name,
         category="Ferry",
-        description=description,
-        inputs=[network.Input(name, tooltip=f"The {what} to offload."), *setting_inputs()],
-        outputs=[network.Output(tooltip=f"The same {what}; it loads through Ferry.")],
+        description=text.description,
+        inputs=[text.network.Input(name, tooltip=tooltip), *setting_inputs()],
+        outputs=[text.network.Output(tooltip=f"The same {text.what}; it loads through Ferry.")],
         # The queued prompt and this node's id: "auto" is planned for all its networks.
         hidden=[io.Hidden.prompt, io.Hidden.unique_id],
     )

@@ -8,7 +8,7 @@ happens when ComfyUI loads the model for sampling.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import folder_paths
 from comfy_api.latest import io, ui
@@ -32,7 +32,7 @@ from .config import (
     wish_from_widgets,
 )
 from .dynamic import DYNAMIC_VRAM_HELP
-from .offload_inputs import setting_inputs
+from .offload_inputs import NodeText, offload_schema
 from .patcher import ferry_clone
 from .stream_loader import bytes_to_write
 
@@ -54,9 +54,33 @@ def settings_fingerprint() -> tuple[str, int, int]:
 
 
 class FerryOffloadNode(io.ComfyNode):
-    """What every Ferry offload node does the same way, whatever network it offloads (each
-    node names its site: seam/site.py): the widgets' checks, "auto" planned for the prompt,
-    the Ferry clone checked against the network before any weight moves."""
+    """What every Ferry offload node does the same way, whatever network it offloads: its
+    schema (the network in, Ferry Offload Model's settings, the network out), the widgets'
+    checks, "auto" planned for the prompt, the Ferry clone checked against the network before
+    any weight moves. A node is its ``SITE`` (seam/site.py) and its ``TEXT``."""
+
+    SITE: ClassVar[NetworkSite]
+    TEXT: ClassVar[NodeText]
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return offload_schema(cls.TEXT, cls.SITE.control)
+
+    @classmethod
+    def execute(cls, use_panel_settings: bool, **inputs: Any) -> io.NodeOutput:
+        obj = inputs.pop(cls.SITE.control)  # the rest are the widgets
+        return cls.offload(obj, cls.name_of(obj), use_panel_settings, inputs, cls.source_of(obj))
+
+    @classmethod
+    def name_of(cls, obj: Any) -> str:
+        """The name on the network's line (after its kind): its class, as core names it."""
+        net = cls.SITE.network_of(getattr(cls.SITE.patcher_of(obj), "model", None))
+        return type(net).__name__ if net is not None else cls.SITE.what
+
+    @classmethod
+    def source_of(cls, obj: Any) -> str | None:
+        """The file the network's weights are in as they are (None: none Ferry reads)."""
+        return None
 
     @classmethod
     def fingerprint_inputs(cls, use_panel_settings: bool, **kwargs: object) -> object:
@@ -105,15 +129,15 @@ class FerryOffloadNode(io.ComfyNode):
     def offload(
         cls,
         obj: Any,
-        site: NetworkSite,
         name: str,
         use_panel_settings: bool,
         widgets: dict[str, Any],
         source: str | None = None,
     ) -> io.NodeOutput:
-        """``obj`` (the node's input) with its network at ``site`` loading through Ferry as
-        the widgets say; ``source``: the file its weights are in as they are (the disk tier
-        reads groups from it)."""
+        """``obj`` (the node's input) with its network loading through Ferry as the widgets
+        say; ``source``: the file its weights are in as they are (the disk tier reads groups
+        from it)."""
+        site = cls.SITE
         network = site.network_of(getattr(site.patcher_of(obj), "model", None))
         policy, choice = auto_policy(
             cls.hidden, use_panel_settings, widgets, network, name, site.planner_kind
@@ -128,41 +152,27 @@ class FerryOffloadNode(io.ComfyNode):
 
 
 class FerryOffloadModel(FerryOffloadNode):
-    @classmethod
-    def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id=NODE_ID,
-            display_name="Ferry Offload Model",
-            category="Ferry",
-            description=(
-                "Streams the model's blocks to the GPU group by group while it runs, from pinned "
-                "RAM, RAM or disk, so models bigger than your VRAM (or RAM) run at close to full "
-                "speed. Put it right after the model loader; LoRA and other nodes can follow it."
-            ),
-            inputs=[
-                io.Model.Input(
-                    "model",
-                    tooltip="The diffusion model to offload. From UNETLoader the whole model is "
-                    "in RAM first (the peak happens at the loader); from Ferry Load Diffusion "
-                    "Model (quant_preset none) it streams from its file: models bigger than RAM.",
-                ),
-                *setting_inputs(),
-            ],
-            outputs=[io.Model.Output(tooltip="The same model; it loads through Ferry.")],
-            # The queued prompt and this node's id: "auto" is planned for all its networks.
-            hidden=[io.Hidden.prompt, io.Hidden.unique_id],
-        )
+    SITE = DIFFUSION_MODEL
+    TEXT = NodeText(
+        NODE_ID, "Ferry Offload Model",
+        "Streams the model's blocks to the GPU group by group while it runs, from pinned "
+        "RAM, RAM or disk, so models bigger than your VRAM (or RAM) run at close to full "
+        "speed. Put it right after the model loader; LoRA and other nodes can follow it.",
+        io.Model, "model",
+        "The diffusion model to offload. From UNETLoader the whole model is in RAM first (the "
+        "peak happens at the loader); from Ferry Load Diffusion Model (quant_preset none) it "
+        "streams from its file: models bigger than RAM.",
+    )  # fmt: skip
 
     @classmethod
-    def execute(cls, model: Any, use_panel_settings: bool, **widgets: Any) -> io.NodeOutput:
-        source = None
-        if not getattr(model, "patches", None):
-            # Weights as in their file: the disk tier may read groups from it, not write copies.
-            source = getattr(model, "ferry_source_checkpoint", None)
-            if source is None and hasattr(getattr(model, "model", None), "diffusion_model"):
-                source = gguf_file_of(model.model.diffusion_model)  # UnetLoaderGGUF's file
-        name = _model_name(model)
-        return cls.offload(model, DIFFUSION_MODEL, name, use_panel_settings, widgets, source)
+    def source_of(cls, obj: Any) -> str | None:
+        if getattr(obj, "patches", None):
+            return None  # patched weights are not the file's
+        # Weights as in their file: the disk tier may read groups from it, not write copies.
+        source = getattr(obj, "ferry_source_checkpoint", None)
+        if source is None and hasattr(getattr(obj, "model", None), "diffusion_model"):
+            source = gguf_file_of(obj.model.diffusion_model)  # UnetLoaderGGUF's file
+        return source  # type: ignore[no-any-return]
 
 
 def auto_policy(
@@ -211,8 +221,3 @@ def check_against_model(out: Any, config: FerryConfig, use_panel_settings: bool)
             if use_panel_settings:
                 raise NodeInputError("use_panel_settings", f"the panel's {e}") from None
             raise
-
-
-def _model_name(model: object) -> str:
-    inner = getattr(getattr(model, "model", None), "diffusion_model", None)
-    return type(inner).__name__ if inner is not None else "diffusion_model"

@@ -13,38 +13,28 @@ from typing import Any
 from comfy_api.latest import io
 
 from ..seam.site import TEXT_ENCODER
-from .offload_inputs import setting_inputs
+from .offload_inputs import NodeText
 from .offload_node import FerryOffloadNode
 
 NODE_ID = "FerryOffloadTextEncoder"  # stable forever: saved workflows refer to it
 
 
 class FerryOffloadTextEncoder(FerryOffloadNode):
-    @classmethod
-    def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id=NODE_ID,
-            display_name="Ferry Offload Text Encoder",
-            category="Ferry",
-            description=(
-                "Streams the text encoder's layers group by group while it encodes, from pinned "
-                "RAM, RAM or disk, as Ferry Offload Model does for the diffusion model. Put it "
-                "right after the CLIP loader; every encoder of a dual/triple CLIP is offloaded."
-            ),
-            inputs=[
-                io.Clip.Input("clip", tooltip="The text encoder (CLIP) to offload."),
-                *setting_inputs(),
-            ],
-            outputs=[io.Clip.Output(tooltip="The same text encoder; it loads through Ferry.")],
-            hidden=[io.Hidden.prompt, io.Hidden.unique_id],  # "auto": Ferry Offload Model's
-        )
+    # The widgets are Ferry Offload Model's (the same names, defaults and checks). Under dynamic
+    # VRAM the patcher is the non-dynamic delegate's, over its own encoder: the CLIP encodes
+    # with that one (the site's mirror, cond_stage_model).
+    SITE = TEXT_ENCODER
+    TEXT = NodeText(
+        NODE_ID, "Ferry Offload Text Encoder",
+        "Streams the text encoder's layers group by group while it encodes, from pinned RAM, "
+        "RAM or disk, as Ferry Offload Model does for the diffusion model. Put it right after "
+        "the CLIP loader; every encoder of a dual/triple CLIP is offloaded.",
+        io.Clip, "text encoder", "The text encoder (CLIP) to offload.",
+    )  # fmt: skip
 
     @classmethod
-    def execute(cls, clip: Any, use_panel_settings: bool, **widgets: Any) -> io.NodeOutput:
-        # The widgets are Ferry Offload Model's (the same names, defaults and checks). Under
-        # dynamic VRAM the patcher is the non-dynamic delegate's, over its own encoder: the
-        # CLIP encodes with that one (the site's mirror, cond_stage_model).
-        return cls.offload(clip, TEXT_ENCODER, text_encoder_name(clip), use_panel_settings, widgets)
+    def name_of(cls, obj: Any) -> str:
+        return text_encoder_name(obj)
 
 
 def text_encoder_name(clip: Any) -> str:
