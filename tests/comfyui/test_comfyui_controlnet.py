@@ -275,7 +275,7 @@ def test_the_layout_is_kept_across_prompts_and_released_on_unload(
 def test_a_t2i_adapter_is_refused_by_name(client: Client, server: Server) -> None:
     """A CONTROL_NET that is no ControlNet with its own patcher (a T2I adapter, a Control-LoRA
     before its first run) is refused naming the input, before anything moves."""
-    g = controlnet_graph("flux-cn", "refused", settings())
+    g = controlnet_graph("sdxl-cn", "refused", settings())
     g["4"] = {"class_type": "FerryTestNoPatcherControlNet", "inputs": {}}
     entry = client.run(g)
     if entry["status"]["status_str"] == "success":
