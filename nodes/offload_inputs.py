@@ -85,7 +85,7 @@ def memory_inputs() -> list[io.Input]:
 def advanced_inputs() -> list[io.Input]:
     """Rarer options, optional and last, so workflows saved before them still load: a missing
     optional input takes its default (the same default execute() has)."""
-    disk = DiskTier("")
+    disk = DiskTier  # the tier's own defaults (policy_from_inputs takes the same)
     return [
         io.Float.Input(
             "headroom_gb", default=DEFAULT_HEADROOM_GB, min=0.0, max=1024.0, step=0.25,
