@@ -15,10 +15,11 @@ from comfy_api.latest import io, ui
 
 from ..offload_core import ConfigError, DiskTier, OffloadPolicy
 from ..offload_core.planner import Choice, NetworkFacts
+from ..offload_core.planner.facts import Kind
 from ..offload_core.policy import AUTO
 from ..offload_core.tools.settings_file import default_settings_path, load_settings
 from ..seam.model_files import gguf_file_of
-from ..seam.site import DIFFUSION_MODEL, NetworkSite, PlannerKind
+from ..seam.site import DIFFUSION_MODEL, NetworkSite
 from .auto_settings import network_in_hand, planned_widgets, remember
 from .config import (
     AUTO_WIDGETS,
@@ -181,7 +182,7 @@ def auto_policy(
     widgets: dict[str, Any],
     network: Any,
     name: str,
-    kind: PlannerKind = "model",
+    kind: Kind = "model",
 ) -> tuple[OffloadPolicy, Choice | None]:
     """The node's policy with its "auto" settings planned (auto_settings.py) for the whole
     prompt, and the planner's choice (None where nothing was planned)."""

@@ -12,15 +12,12 @@ patcher's model holds lies *outside* the network and goes to the load device who
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from torch import nn
 
 from ..offload_core import OffloadKind
-
-#: The planner's word for how often a network runs (offload_core/planner/facts.py Kind):
-#: "model" once per step, "text_encoder" once per prompt.
-PlannerKind = Literal["model", "text_encoder"]
+from ..offload_core.planner.facts import Kind
 
 
 @dataclass(frozen=True)
@@ -45,7 +42,6 @@ class NetworkSite:
     #: Forge does not offload this kind).
     control: str = "model"
     forge_control: str | None = None
-    planner_kind: PlannerKind = "model"
 
     def patcher_of(self, obj: Any) -> Any:
         """The patcher on the host's object ``obj`` (None where it holds none)."""
@@ -67,6 +63,11 @@ class NetworkSite:
     def title(self, name: str) -> str:
         return self.kind.line_title(name)
 
+    @property
+    def planner_kind(self) -> Kind:
+        """What the planner calls it (offload_core/planner/facts.py: its words in a plan)."""
+        return self.kind.value  # type: ignore[return-value]
+
 
 DIFFUSION_MODEL = NetworkSite(
     OffloadKind.MODEL, "diffusion model", network="diffusion_model",
@@ -80,7 +81,7 @@ DIFFUSION_MODEL = NetworkSite(
 TEXT_ENCODER = NetworkSite(
     OffloadKind.TEXT_ENCODER, "text encoder", patcher="patcher", mirror="cond_stage_model",
     passes=("encode_token_weights", "encode_with_transformers"), control="clip",
-    forge_control="text_encoder", planner_kind="text_encoder",
+    forge_control="text_encoder",
 )  # fmt: skip
 
 #: ComfyUI's ControlNet (comfy/controlnet.py) wraps ``control_model`` in its own patcher,
@@ -101,7 +102,7 @@ MODEL_PATCH = NetworkSite(
 #: ``encode_image`` loads the patcher and calls the model's forward (one pass).
 CLIP_VISION = NetworkSite(
     OffloadKind.CLIP_VISION, "CLIP vision model", patcher="patcher", mirror="model", copy="",
-    control="clip_vision", planner_kind="text_encoder",
+    control="clip_vision",
 )  # fmt: skip
 
 SITES: tuple[NetworkSite, ...] = (
