@@ -22,6 +22,7 @@ COMFY_MODULES = (
     "graph_plan",
     "auto_settings",
     "offload_node",
+    "offload_policy",
     "loader_node",
     "report_node",
     "patcher",

@@ -146,7 +146,10 @@ def ferry_patcher_class(base: type) -> type:
 
 
 def ferry_clone(
-    obj: Any, offload: ForgeOffload | None, site: NetworkSite, refusal: FerryError | None = None
+    obj: Any,
+    offload: ForgeOffload | None,
+    site: NetworkSite = DIFFUSION_MODEL,
+    refusal: FerryError | None = None,
 ) -> Any:
     """A clone of Forge's ``obj`` (``forge_objects.unet``, ``.clip``: ``site`` says where its
     patcher and network are) whose patcher loads through Ferry with ``offload``, or refuses
