@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..offload_core import ConfigError, FerryError, OffloadPolicy
+from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
 from ..offload_core.disk import folder as disk_folder
 from ..offload_core.planner import Choice, Wish
 from ..offload_core.policy import (
@@ -36,6 +36,8 @@ TIER_CHOICES = (AUTO, *TIER_NAMES)
 AUTO_WIDGETS = ("tier", "blocks_per_group", "prefetch_depth")
 VERIFY_CHOICES = ("first_read", "every_read")
 CPU_READ_CHOICES = ("auto", "mapped", "copy")
+# The optional widgets' defaults are the DiskTier's own (offload_inputs.py and
+# policy_from_inputs read them there), so a default is written once.
 
 #: Which widget fixes each setting: the ids both hosts share (seam/controls.py) and this
 #: node's own; a setting with no widget keeps its name.
@@ -81,9 +83,9 @@ def policy_from_inputs(
     vram_budget: str,
     default_disk_path: str | None = None,
     headroom_gb: float = DEFAULT_HEADROOM_GB,
-    direct_io: bool = True,
-    verify: str = "first_read",
-    cpu_read: str = "auto",
+    direct_io: bool = DiskTier.direct_io,
+    verify: str = DiskTier.verify,
+    cpu_read: str = DiskTier.cpu_read,
     bake_lora: str = "off",
 ) -> OffloadPolicy:
     """The policy the widgets describe, validated. Raises NodeInputError naming a widget.

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
+from .clip_vision_node import FerryOffloadClipVision
 from .compile import FerryCompileBlocks
+from .controlnet_node import FerryOffloadControlNet
 from .loader_node import FerryLoadDiffusionModelQuantized
+from .model_patch_node import FerryOffloadModelPatch
 from .offload_node import FerryOffloadModel
 from .report_node import FerryMemoryReport
 from .text_encoder_loader_node import FerryLoadTextEncoder, FerryLoadTextEncoderDual
@@ -31,6 +34,9 @@ class FerryExtension(ComfyExtension):
         return [
             FerryOffloadModel,
             FerryOffloadTextEncoder,
+            FerryOffloadControlNet,
+            FerryOffloadModelPatch,
+            FerryOffloadClipVision,
             FerryLoadDiffusionModelQuantized,
             FerryLoadTextEncoder,
             FerryLoadTextEncoderDual,

@@ -75,14 +75,14 @@ def hold(n: Any) -> None:
 ANCHOR = "ferry_anchor"
 
 
-def anchor(model: Any, src: Any, ferry_class: type) -> Any:
-    """The anchor of the MODEL ``model`` (see the Note above), made from ``src`` (its plain
-    patcher) with the class ``ferry_class`` the first time."""
+def anchor(model: Any, src: Any, ferry_class: type, site: Any) -> Any:
+    """The anchor of the patcher ``model`` (see the Note above), made from ``src`` (its plain
+    patcher) with the class ``ferry_class`` and the network's ``site`` the first time."""
     a = model.__dict__.get(ANCHOR)
     if a is None or a.model is not src.model:
         a = src.clone()
         a.__class__ = ferry_class
-        a.ferry_config = None
+        a.ferry_config, a.ferry_site = None, site
         # LoadedModel's chain goes on to where the input's own would (no reference cycle: the
         # input holds the anchor, the anchor holds only the input's ancestors).
         a.parent = getattr(model, "parent", None)

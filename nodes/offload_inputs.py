@@ -6,6 +6,8 @@ with the same defaults as ``execute()``'s keyword arguments.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from comfy_api.latest import io
 
 from ..offload_core import DiskTier
@@ -83,7 +85,7 @@ def memory_inputs() -> list[io.Input]:
 def advanced_inputs() -> list[io.Input]:
     """Rarer options, optional and last, so workflows saved before them still load: a missing
     optional input takes its default (the same default execute() has)."""
-    disk = DiskTier("")
+    disk = DiskTier  # the tier's own defaults (policy_from_inputs takes the same)
     return [
         io.Float.Input(
             "headroom_gb", default=DEFAULT_HEADROOM_GB, min=0.0, max=1024.0, step=0.25,
@@ -114,3 +116,33 @@ def advanced_inputs() -> list[io.Input]:
             "patches on every forward, as ComfyUI-GGUF does.",
         ),
     ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class NodeText:
+    """What a Ferry offload node shows: its id (stable forever: saved workflows refer to it),
+    name and description, the ComfyUI type of the network it takes and gives, what it calls
+    that network in its tooltips, and its input's tooltip where that says more."""
+
+    node_id: str
+    display_name: str
+    description: str
+    network: type[io.ComfyTypeIO]
+    what: str
+    tooltip: str = ""
+
+
+def offload_schema(text: NodeText, name: str) -> io.Schema:
+    """The schema of a Ferry offload node: its network's input (``name``), then every setting
+    of Ferry Offload Model, and the same network out."""
+    tooltip = text.tooltip or f"The {text.what} to offload."
+    return io.Schema(
+        node_id=text.node_id,
+        display_name=text.display_name,
+        category="Ferry",
+        description=text.description,
+        inputs=[text.network.Input(name, tooltip=tooltip), *setting_inputs()],
+        outputs=[text.network.Output(tooltip=f"The same {text.what}; it loads through Ferry.")],
+        # The queued prompt and this node's id: "auto" is planned for all its networks.
+        hidden=[io.Hidden.prompt, io.Hidden.unique_id],
+    )

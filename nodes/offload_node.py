@@ -7,77 +7,64 @@ happens when ComfyUI loads the model for sampling.
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import Any, ClassVar
 
-import folder_paths
 from comfy_api.latest import io, ui
 
-from ..offload_core import ConfigError, DiskTier, OffloadPolicy
-from ..offload_core.planner import Choice, NetworkFacts
-from ..offload_core.planner.facts import Kind
-from ..offload_core.policy import AUTO, DEFAULT_HEADROOM_GB
-from ..offload_core.tools.settings_file import default_settings_path, load_settings
+from ..offload_core.policy import AUTO
 from ..seam.model_files import gguf_file_of
-from .auto_settings import network_in_hand, planned_widgets, remember
+from ..seam.site import DIFFUSION_MODEL, NetworkSite
+from .auto_settings import remember
 from .config import (
     AUTO_WIDGETS,
     FerryConfig,
     NodeInputError,
-    as_node_error,
     check_disk_folder,
     is_auto,
     policy_from_inputs,
-    policy_from_panel,
     wish_from_widgets,
 )
 from .dynamic import DYNAMIC_VRAM_HELP
-from .offload_inputs import setting_inputs
+from .offload_inputs import NodeText, offload_schema
+from .offload_policy import (
+    auto_policy,
+    check_against_model,
+    default_disk_path,
+    settings_fingerprint,
+)
 from .patcher import ferry_clone
-from .stream_loader import bytes_to_write
 
 NODE_ID = "FerryOffloadModel"  # stable forever: saved workflows refer to it
 
 
-def default_disk_path() -> str:
-    # ComfyUI empties its temp folder at start, which suits files that live one session.
-    return os.path.join(folder_paths.get_temp_directory(), "ferry")
+class FerryOffloadNode(io.ComfyNode):
+    """What every Ferry offload node does the same way, whatever network it offloads: its
+    schema (the network in, Ferry Offload Model's settings, the network out), the widgets'
+    checks, "auto" planned for the prompt, the Ferry clone checked against the network before
+    any weight moves. A node is its ``SITE`` (seam/site.py) and its ``TEXT``."""
 
+    SITE: ClassVar[NetworkSite]
+    TEXT: ClassVar[NodeText]
 
-def settings_fingerprint() -> tuple[str, int, int]:
-    p = default_settings_path()
-    try:
-        st = p.stat()
-    except OSError:
-        return (str(p), 0, 0)
-    return (str(p), st.st_mtime_ns, st.st_size)
-
-
-class FerryOffloadModel(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id=NODE_ID,
-            display_name="Ferry Offload Model",
-            category="Ferry",
-            description=(
-                "Streams the model's blocks to the GPU group by group while it runs, from pinned "
-                "RAM, RAM or disk, so models bigger than your VRAM (or RAM) run at close to full "
-                "speed. Put it right after the model loader; LoRA and other nodes can follow it."
-            ),
-            inputs=[
-                io.Model.Input(
-                    "model",
-                    tooltip="The diffusion model to offload. From UNETLoader the whole model is "
-                    "in RAM first (the peak happens at the loader); from Ferry Load Diffusion "
-                    "Model (quant_preset none) it streams from its file: models bigger than RAM.",
-                ),
-                *setting_inputs(),
-            ],
-            outputs=[io.Model.Output(tooltip="The same model; it loads through Ferry.")],
-            # The queued prompt and this node's id: "auto" is planned for all its networks.
-            hidden=[io.Hidden.prompt, io.Hidden.unique_id],
-        )
+        return offload_schema(cls.TEXT, cls.SITE.control)
+
+    @classmethod
+    def execute(cls, use_panel_settings: bool, **inputs: Any) -> io.NodeOutput:
+        obj = inputs.pop(cls.SITE.control)  # the rest are the widgets
+        return cls.offload(obj, cls.name_of(obj), use_panel_settings, inputs, cls.source_of(obj))
+
+    @classmethod
+    def name_of(cls, obj: Any) -> str:
+        """The name on the network's line (after its kind): its class, as core names it."""
+        net = cls.SITE.network_of(getattr(cls.SITE.patcher_of(obj), "model", None))
+        return type(net).__name__ if net is not None else cls.SITE.what
+
+    @classmethod
+    def source_of(cls, obj: Any) -> str | None:
+        """The file the network's weights are in as they are (None: none Ferry reads)."""
+        return None
 
     @classmethod
     def fingerprint_inputs(cls, use_panel_settings: bool, **kwargs: object) -> object:
@@ -123,94 +110,50 @@ class FerryOffloadModel(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(
+    def offload(
         cls,
-        model: object,
+        obj: Any,
+        name: str,
         use_panel_settings: bool,
-        level: str,
-        blocks_per_group: str,
-        tier: str,
-        disk_path: str,
-        prefetch_depth: str,
-        vram_budget: str,
-        headroom_gb: float = DEFAULT_HEADROOM_GB,
-        direct_io: bool = True,
-        verify: str = "first_read",
-        cpu_read: str = "auto",
-        bake_lora: str = "off",
+        widgets: dict[str, Any],
+        source: str | None = None,
     ) -> io.NodeOutput:
-        widgets = {
-            "level": level, "blocks_per_group": blocks_per_group, "tier": tier,
-            "disk_path": disk_path, "prefetch_depth": prefetch_depth, "vram_budget": vram_budget,
-            "headroom_gb": headroom_gb, "direct_io": direct_io, "verify": verify,
-            "cpu_read": cpu_read, "bake_lora": bake_lora,
-        }  # fmt: skip
-        name = _model_name(model)
-        network = getattr(getattr(model, "model", None), "diffusion_model", None)
-        policy, choice = auto_policy(cls.hidden, use_panel_settings, widgets, network, name)
-        config = FerryConfig(policy, name=name)
+        """``obj`` (the node's input) with its network loading through Ferry as the widgets
+        say; ``source``: the file its weights are in as they are (the disk tier reads groups
+        from it)."""
+        site = cls.SITE
+        network = site.network_of(getattr(site.patcher_of(obj), "model", None))
+        policy, choice = auto_policy(
+            cls.hidden, use_panel_settings, widgets, network, name, site.planner_kind
+        )
+        config = FerryConfig(policy, name=name, kind=site.kind).with_source_checkpoint(source)
         remember(config.title, choice)
-        if not getattr(model, "patches", None):
-            # Weights as in their file: the disk tier may read groups from it, not write copies.
-            source = getattr(model, "ferry_source_checkpoint", None)
-            if source is None and hasattr(getattr(model, "model", None), "diffusion_model"):
-                source = gguf_file_of(model.model.diffusion_model)  # UnetLoaderGGUF's file
-            config = config.with_source_checkpoint(source)
-        out = ferry_clone(model, config)
+        out = ferry_clone(obj, config, site)
         if out is None:  # left to ComfyUI's dynamic VRAM; the log says why, once, with the flag
-            return io.NodeOutput(model, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
-        check_against_model(out, config, use_panel_settings)
+            return io.NodeOutput(obj, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
+        check_against_model(site.patcher_of(out), config, use_panel_settings)
         return io.NodeOutput(out)
 
 
-def auto_policy(
-    hidden: Any,
-    use_panel_settings: bool,
-    widgets: dict[str, Any],
-    network: Any,
-    name: str,
-    kind: Kind = "model",
-) -> tuple[OffloadPolicy, Choice | None]:
-    """The node's policy with its "auto" settings planned (auto_settings.py) for the whole
-    prompt, and the planner's choice (None where nothing was planned)."""
-    choice = None
-    if not use_panel_settings:
+class FerryOffloadModel(FerryOffloadNode):
+    SITE = DIFFUSION_MODEL
+    TEXT = NodeText(
+        NODE_ID, "Ferry Offload Model",
+        "Streams the model's blocks to the GPU group by group while it runs, from pinned "
+        "RAM, RAM or disk, so models bigger than your VRAM (or RAM) run at close to full "
+        "speed. Put it right after the model loader; LoRA and other nodes can follow it.",
+        io.Model, "model",
+        "The diffusion model to offload. From UNETLoader the whole model is in RAM first (the "
+        "peak happens at the loader); from Ferry Load Diffusion Model (quant_preset none) it "
+        "streams from its file: models bigger than RAM.",
+    )  # fmt: skip
 
-        def in_hand() -> NetworkFacts:
-            if network is None:
-                raise NodeInputError("tier", "this input holds no network to plan; choose a tier")
-            return network_in_hand(network, name, kind)
-
-        widgets, choice = planned_widgets(hidden, widgets, in_hand, default_disk_path())
-    return node_policy(use_panel_settings, **widgets), choice
-
-
-def node_policy(use_panel_settings: bool, **widgets: Any) -> OffloadPolicy:
-    """The policy a Ferry offload node runs with: the panel's saved settings, or its widgets'
-    (validated; a bad one raises NodeInputError naming it)."""
-    if use_panel_settings:
-        return policy_from_panel(load_settings)
-    return policy_from_inputs(default_disk_path=default_disk_path(), **widgets)
-
-
-def check_against_model(out: Any, config: FerryConfig, use_panel_settings: bool) -> None:
-    """Validates the policy against this model before any weight moves: grouping, block
-    count, budget, and room in the disk folder for the groups that will be written."""
-    try:
-        plan = out._ferry_binding().plan(config, out.load_device)
-    except ConfigError as e:
-        raise as_node_error(e, panel=use_panel_settings) from None
-    tier = config.policy.tier
-    if isinstance(tier, DiskTier):
-        try:
-            written = bytes_to_write(out, plan)
-            check_disk_folder(tier.path, plan.offloaded_bytes if written is None else written)
-        except NodeInputError as e:
-            if use_panel_settings:
-                raise NodeInputError("use_panel_settings", f"the panel's {e}") from None
-            raise
-
-
-def _model_name(model: object) -> str:
-    inner = getattr(getattr(model, "model", None), "diffusion_model", None)
-    return type(inner).__name__ if inner is not None else "diffusion_model"
+    @classmethod
+    def source_of(cls, obj: Any) -> str | None:
+        if getattr(obj, "patches", None):
+            return None  # patched weights are not the file's
+        # Weights as in their file: the disk tier may read groups from it, not write copies.
+        source = getattr(obj, "ferry_source_checkpoint", None)
+        if source is None and hasattr(getattr(obj, "model", None), "diffusion_model"):
+            source = gguf_file_of(obj.model.diffusion_model)  # UnetLoaderGGUF's file
+        return source  # type: ignore[no-any-return]

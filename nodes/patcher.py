@@ -1,4 +1,6 @@
-"""A ModelPatcher that loads its diffusion model through Ferry instead of moving it whole.
+"""A ModelPatcher that loads its network through Ferry instead of moving it whole: a MODEL's
+diffusion model, a CLIP's text encoder, a ControlNet, a model patch or a CLIP vision model
+(each a site: seam/site.py says where the network is on the patcher's model).
 
 Integrates the way ComfyUI core expects (as ComfyUI-GGUF does): a ModelPatcher subclass that
 overrides the loading verbs, no global monkeypatching. What ComfyUI sees:
@@ -23,54 +25,49 @@ overrides the loading verbs, no global monkeypatching. What ComfyUI sees:
 
 from __future__ import annotations
 
-import logging
+import copy
 from typing import Any
 
-import comfy.model_patcher
-import comfy.utils
 import torch
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ..offload_core import ApiUseError, ConfigError, Ending
+from ..offload_core import ConfigError, Ending
 from ..offload_core.model.layout import module_nbytes
-from ..offload_core.sources.checkpoint_stream import CheckpointWeights
-from ..seam.family import last_of_family
 from ..seam.patcher_class import FerryClones, with_ferry
+from ..seam.site import DIFFUSION_MODEL, NetworkSite
 from . import comfy_core
 from . import compile as block_compile
-from .bake_lora import bake_lora
+from . import load_steps as steps
 from .binding import OffloadBinding
-from .config import FerryConfig, NodeInputError, as_node_error
+from .config import FerryConfig, NodeInputError
 from .dynamic import DYNAMIC_VRAM_HELP, plain_patcher, say_once
 from .hold import HeldByFerry, anchor, hold
 from .pusher import ensure_pushing
 from .recovery import KEY as RECOVERY_KEY
-from .recovery import ModelReloadError, for_node, guard, has_meta_module, in_prompt, refuse_lost
-from .stream_loader import is_lazy, materialize, stream_weights, unstreamed_patches
-
-log = logging.getLogger("ferry")
+from .recovery import ModelReloadError, guard, has_meta_module, in_prompt
 
 
 class FerryPatcherMixin(FerryClones, HeldByFerry):
-    """Put in front of the input MODEL's own patcher class (see ``ferry_patcher_class``)."""
+    """Put in front of the patcher class of any network Ferry offloads (``ferry_clone``);
+    ``ferry_site`` says where on the patcher's model the network is (seam/site.py)."""
 
-    ferry_shared = ("ferry_config",)
+    ferry_shared = ("ferry_config", "ferry_site")
     ferry_config: FerryConfig | None = None
+    ferry_site: NetworkSite = DIFFUSION_MODEL
     _ferry_collected = False
 
-    # -- helpers ---------------------------------------------------------------------------
-    @staticmethod
-    def _ferry_network_of(model: Any) -> Any:  # what Ferry lays out; a CLIP: text_encoder_patcher
-        return getattr(model, "diffusion_model", None)
+    # -- helpers (the load's steps are in load_steps.py) -----------------------------------
+    def _ferry_network(self) -> torch.nn.Module | None:
+        return self.ferry_site.network_of(self.model)
 
     def _ferry_binding(self) -> OffloadBinding:
-        b = OffloadBinding.of(self.model, self._ferry_network_of(self.model))
+        b = OffloadBinding.of(self.model, self._ferry_network())
         b.free_vram = comfy_core.free_vram(self)
         b.count_pinned = comfy_core.count_pinned
         return b
 
     def _ferry_release(self, ending: Ending = Ending.RESTORE) -> bool:
-        if self._ferry_network_of(self.model) is None:
+        if self._ferry_network() is None:
             return False
         try:
             return self._ferry_binding().release(ending)
@@ -79,80 +76,10 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
                 raise  # the node error says what happened and that the model reloads
             return True  # logged once, reload requested; ComfyUI's worker must not die
 
-    def _ferry_laid_out(self) -> bool:
-        return self._ferry_network_of(self.model) is not None and self._ferry_binding().live
-
     def _ferry_release_on_detach(self) -> bool:
-        return self._ferry_network_of(
-            self.model
-        ) is not None and self._ferry_binding().should_release_on_detach(self)
-
-    def _ferry_outside_modules(self) -> list[torch.nn.Module]:
-        # BaseModel's parts other than the network (model_sampling's sigmas, ...): tiny, and
-        # ComfyUI expects them on the load device.
-        dm = self._ferry_network_of(self.model)
-        return [m for m in self.model.children() if m is not dm]
-
-    def _ferry_refuse_compile(self) -> None:
-        # Checked on every load, before any weight moves (a laid-out model skips load()).
-        refuse_lost(self.model)
-        assert self.ferry_config is not None
-        block_compile.check(self, self.ferry_config)
-
-    def _ferry_prepare(self, device_to: torch.device) -> CheckpointWeights | None:
-        # Start from the plain host copy: a plain clone may have left the module on the device,
-        # or with lowvram weight functions that would apply its patches a second time.
-        # Newer cores (>= 0.15) pin offloaded host weights in place while partially loading;
-        # Ferry moves those weights into its own slabs, so they must be unregistered first.
-        unpin = getattr(self, "unpin_all_weights", None)
-        if callable(unpin):
-            unpin()
-        if getattr(self.model, "model_lowvram", False):
-            for m in self.model.modules():
-                comfy.model_patcher.wipe_lowvram_weight(m)
-            self.model.model_lowvram = False
-        weights = stream_weights(self, device_to)
-        if weights is not None:
-            # The Ferry loader's model: groups come straight from its file, their patches
-            # computed as they are read. A text encoder's other files (a CLIP-L beside the
-            # streamed T5) were read whole into the module: their patches are baked in as
-            # for any model, with ComfyUI's backups (an unpatch puts the originals back).
-            self._ferry_patch_weights(device_to, unstreamed_patches(self, weights))
-            return weights
-        self._ferry_network_of(self.model).to(self.offload_device)
-        self._ferry_patch_weights(device_to, list(self.patches))
-        if self.ferry_config is not None:  # GGUF's per-forward patches, computed once
-            bake_lora(self, device_to, self.ferry_config.policy)
-        return None
-
-    def _ferry_materialize_plain(self) -> None:
-        """A plain load of the Ferry loader's model: read it whole first, as UNETLoader does."""
-        if self.ferry_config is None and is_lazy(self.model):
-            materialize(self.model, self.offload_device)
-
-    def _ferry_patch_weights(self, device_to: torch.device | None, keys: list[str]) -> None:
-        """Bakes this patcher's weight patches (LoRA, ...) of ``keys`` into the host weights,
-        exactly as ComfyUI's full load computes them, so Ferry lays out the patched weights."""
-        for key in keys:
-            bk = self.backup.get(key)
-            if bk is not None:  # already patched by an earlier layout: start from the original
-                comfy.utils.set_attr_param(self.model, key, bk.weight)
-            self.patch_weight_to_device(key, device_to=device_to)
-            w = comfy.utils.get_attr(self.model, key)
-            if w.device != self.offload_device:
-                comfy.utils.set_attr_param(self.model, key, w.to(self.offload_device))
-
-    def _ferry_account(self, device: torch.device, device_bytes: int) -> None:
-        """What ComfyUI's own load would record: the model is on ``device``, fully loaded,
-        holding ``device_bytes`` there."""
-        self.model.device = device
-        self.model.model_lowvram = False
-        self.model.lowvram_patch_counter = 0
-        self.model.model_loaded_weight_memory = device_bytes
-        if hasattr(self.model, "model_offload_buffer_memory"):
-            # Newer cores count their own offload buffers here; Ferry's load uses none.
-            self.model.model_offload_buffer_memory = 0
-        self.model.current_weight_patches_uuid = self.patches_uuid
+        if self._ferry_network() is None:
+            return False
+        return self._ferry_binding().handshake.should_release_on_detach(self)
 
     # -- ModelPatcher verbs ----------------------------------------------------------------
     def clone(self, *args: Any, **kwargs: Any) -> Any:
@@ -169,8 +96,8 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
         super().add_wrapper_with_key(wrapper_type, key, wrapper)  # type: ignore[misc]
 
     def _ferry_mark_loading(self) -> None:
-        if self._ferry_network_of(self.model) is not None:
-            self._ferry_binding().mark_loading(self.ferry_config)
+        if self._ferry_network() is not None:
+            self._ferry_binding().handshake.mark_loading(self.ferry_config)
 
     def model_size(self) -> int:
         cfg = self.ferry_config
@@ -180,17 +107,17 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
             plan = self._ferry_binding().plan(cfg, self.load_device)
         except ConfigError:
             return super().model_size()  # type: ignore[misc]
-        outside = sum(module_nbytes(m) for m in self._ferry_outside_modules())
+        outside = sum(module_nbytes(m) for m in self.ferry_site.outside(self.model))
         return plan.device_bytes + outside
 
     def partially_load(
         self, device_to: Any, extra_memory: Any = 0, *args: Any, **kwargs: Any
     ) -> Any:
         cfg = self.ferry_config
-        self._ferry_materialize_plain()
+        steps.materialize_plain(self)
         if cfg is not None:
-            self._ferry_refuse_compile()
-            self._ferry_binding().set_owner(self)
+            steps.refuse_compile(self)
+            self._ferry_binding().handshake.set_owner(self)
         if cfg is not None and not self._ferry_binding().serves(cfg, device_to):
             # Whatever holds the module now (a plain clone's full load) is not Ferry's layout:
             # report nothing loaded, so ModelPatcher.partially_load goes on to our load().
@@ -205,42 +132,16 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
         full_load: bool = False,
         **kwargs: Any,
     ) -> None:
-        cfg = self.ferry_config
-        self._ferry_materialize_plain()
-        if cfg is None:
+        steps.materialize_plain(self)
+        if self.ferry_config is None:
             return super().load(
                 device_to, lowvram_model_memory, force_patch_weights, full_load, **kwargs
             )  # type: ignore[misc]
         device = device_to if device_to is not None else self.load_device
-        self._ferry_refuse_compile()
+        steps.refuse_compile(self)
         with self.use_ejected():
             self.unpatch_hooks()
-            binding = self._ferry_binding()
-            pbar = comfy.utils.ProgressBar(1)
-
-            def progress(done: int, total: int) -> None:
-                pbar.update_absolute(done, total)
-
-            try:
-                changed = binding.ensure(
-                    cfg,
-                    device,
-                    self.patches_uuid if self.patches else None,
-                    lambda: self._ferry_prepare(device),
-                    progress,
-                )
-            except ConfigError as e:
-                raise as_node_error(e) from None
-            except ApiUseError as e:  # unreachable by design (seam/layout.py); in ComfyUI's words
-                raise for_node(e) from None
-            outside = 0
-            for m in self._ferry_outside_modules():
-                m.to(device)
-                outside += module_nbytes(m)
-            if changed:
-                log.info("ferry: laid out %s\n%s", cfg.title, binding.handle.plan.describe())
-                comfy_core.say_if_ram_cache_drops_models()
-            self._ferry_account(device, binding.device_bytes() + outside)
+            steps.account(self, device, steps.lay_out(self, device))
             for callback in self.get_all_callbacks(CallbacksMP.ON_LOAD):
                 callback(self, device_to, lowvram_model_memory, force_patch_weights, full_load)
             self.apply_hooks(self.forced_hooks, force_apply=True)
@@ -249,7 +150,8 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
     def partially_unload(
         self, device_to: Any, memory_to_free: int = 0, *args: Any, **kwargs: Any
     ) -> int:
-        if self.ferry_config is None and not self._ferry_laid_out():
+        laid_out = self._ferry_network() is not None and self._ferry_binding().live
+        if self.ferry_config is None and not laid_out:
             return super().partially_unload(device_to, memory_to_free, *args, **kwargs)  # type: ignore[misc]
         # Freeing part of a layout would mean moving groups behind the engine's back. Reporting
         # nothing freed makes ComfyUI unload the whole model instead (detach -> release).
@@ -260,10 +162,10 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
         # be plain again.
         if unpatch_weights and self._ferry_release():
             self.model.model_loaded_weight_memory = 0
-        net = self._ferry_network_of(self.model)
+        net = self._ferry_network()
         if device_to is not None and unpatch_weights and net is not None and has_meta_module(net):
             # The weights are back in their file (meta): move only what is real.
-            for m in self._ferry_outside_modules():
+            for m in self.ferry_site.outside(self.model):
                 m.to(device_to)
             super().unpatch_model(None, unpatch_weights)  # type: ignore[misc]
             self.model.device = device_to
@@ -278,18 +180,9 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
         if not unpatch_all and self._ferry_collected and isinstance(self.parent, HeldByFerry):
             return super().detach(unpatch_all)  # type: ignore[misc]
         release = unpatch_all or self._ferry_release_on_detach()
-        if release and self._ferry_release(self._ferry_ending(unpatch_all)):
+        if release and self._ferry_release(steps.ending(self, unpatch_all)):
             self.model.model_loaded_weight_memory = 0
         return super().detach(unpatch_all)  # type: ignore[misc]
-
-    def _ferry_ending(self, unpatch_all: bool) -> Ending:
-        """DISCARD where this patcher is being collected and was the last of its family, so
-        nothing can load the network again ([Note: the last of a family], seam/family.py):
-        Ferry's copies are dropped unread. Any other release gives the weights back (an
-        unload keeps the model in ComfyUI's cache; a plain clone may load it next)."""
-        if self._ferry_collected and not unpatch_all and last_of_family(self):
-            return Ending.DISCARD
-        return Ending.RESTORE
 
     def __del__(self) -> None:
         self._ferry_collected = True
@@ -303,23 +196,44 @@ def ferry_patcher_class(base: type) -> type:
     return with_ferry(FerryPatcherMixin, base)
 
 
-def ferry_clone(
-    model: Any, config: FerryConfig, mixin: type[FerryPatcherMixin] = FerryPatcherMixin
-) -> Any | None:
-    """A clone of the MODEL ``model`` (or CLIP patcher, with ``mixin``) whose loads go through
-    Ferry; None where it must stay ComfyUI's (dynamic VRAM, no plain copy: said once, flagged)."""
-    if mixin._ferry_network_of(getattr(model, "model", None)) is None:
-        raise NodeInputError("model", "is not a diffusion model (it has no diffusion_model)")
-    src, why = plain_patcher(model)  # ComfyUI >= 0.15 with dynamic VRAM: see dynamic.py
+def ferry_patcher(patcher: Any, site: NetworkSite = DIFFUSION_MODEL) -> Any:
+    """``patcher`` itself, its class with Ferry's in front, holding no offload (a plain load
+    reads the weights whole): the Ferry loaders' patchers, ready for an offload node."""
+    patcher.__class__ = ferry_patcher_class(type(patcher))
+    patcher.ferry_site = site
+    return patcher
+
+
+def ferry_clone(obj: Any, config: FerryConfig, site: NetworkSite = DIFFUSION_MODEL) -> Any | None:
+    """A copy of the host's object ``obj`` (a MODEL, CLIP, CONTROL_NET, ...: ``site`` says
+    where its patcher and network are) whose patcher loads through Ferry; None where it must
+    stay ComfyUI's (dynamic VRAM, no plain copy: said once, flagged)."""
+    held = site.patcher_of(obj) if obj is not None else None
+    if held is None or site.network_of(getattr(held, "model", None)) is None:
+        raise NodeInputError(site.control, f"holds no {site.what} Ferry can offload")
+    src, why = plain_patcher(held)  # ComfyUI >= 0.15 with dynamic VRAM: see dynamic.py
     if src is None:
         say_once("dynamic-vram", DYNAMIC_VRAM_HELP.format(why=why or ""))
         return None
     n = src.clone()
-    n.__class__ = with_ferry(mixin, type(src))
-    n.ferry_config = config
-    n.parent = anchor(model, src, with_ferry(mixin, type(src)))
+    cls = ferry_patcher_class(type(src))
+    n.__class__ = cls
+    n.ferry_config, n.ferry_site = config, site
+    n.parent = anchor(held, src, cls, site)
     if guard not in n.get_wrappers(WrappersMP.APPLY_MODEL, RECOVERY_KEY):
         n.add_wrapper_with_key(WrappersMP.APPLY_MODEL, RECOVERY_KEY, guard)
     block_compile.adopt(n)  # TorchCompileModel before Ferry
     hold(n)
-    return n
+    return holder_with(obj, n, site)
+
+
+def holder_with(obj: Any, patcher: Any, site: NetworkSite) -> Any:
+    """A copy of ``obj`` (its host's own copy verb) holding ``patcher`` where ``site`` says,
+    and the network beside it pointed at the patcher's (a delegate's under dynamic VRAM)."""
+    if not site.patcher:
+        return patcher
+    out = getattr(obj, site.copy)() if site.copy else copy.copy(obj)
+    setattr(out, site.patcher, patcher)
+    if site.mirror:
+        setattr(out, site.mirror, patcher.model)
+    return out

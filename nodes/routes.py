@@ -44,7 +44,7 @@ def _is_busy() -> bool:
 def _plan_prompt(prompt: dict[str, Any]) -> dict[str, Any]:
     from .auto_settings import budgets, panel_wish
     from .graph_plan import plan_prompt
-    from .offload_node import default_disk_path
+    from .offload_policy import default_disk_path
 
     plan = plan_prompt(
         prompt, default_folder=default_disk_path(), budgets=budgets(), panel_wish=panel_wish()

@@ -37,11 +37,11 @@ from ..offload_core.model import meta_build
 from ..offload_core.sources.checkpoint import CheckpointIndex
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights, Converter
 from ..offload_core.sources.load_trace import LoadTrace, header_state_dict, unsourced
-from ..seam.patcher_class import with_ferry
+from ..seam.site import TEXT_ENCODER
 from .config import NodeInputError
 from .dynamic import give_lazy_layers_meta_weights
+from .patcher import ferry_patcher
 from .stream_loader import core_quant_format
-from .text_encoder_patcher import TextEncoderPatcherMixin
 
 log = logging.getLogger("ferry")
 META = torch.device("meta")
@@ -229,5 +229,5 @@ def load_text_encoder(files: dict[str, str], clip_type: Any, model_options: dict
             ", ".join(p for p, _ in paths),
         )
         clip = _core_load_clip([p for p, _ in paths], clip_type, model_options, embeddings)
-    clip.patcher.__class__ = with_ferry(TextEncoderPatcherMixin, type(clip.patcher))
+    ferry_patcher(clip.patcher, TEXT_ENCODER)
     return clip

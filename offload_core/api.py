@@ -16,6 +16,7 @@ from .offload_kind import OffloadKind, parse_kind
 from .policy import DiskTier, OffloadPolicy, parse_whole_number
 from .quant.report import QuantReport
 from .runtime.engine import Engine
+from .runtime.group import GroupRuntime
 from .runtime.memory import device_memory, release_freed_memory
 from .runtime.stats import Counters, OffloadStats
 from .sources.checkpoint_origin import CheckpointOrigin
@@ -152,6 +153,14 @@ def _unique_name(base: str) -> str:
     return name
 
 
+def _staged(plan: OffloadPlan, streamed: list[GroupRuntime]) -> bool:
+    """Whether the engine needs the staging ring: disk reads and slabs in pageable RAM reach
+    a device through it ([Note: the RAM tier through staging])."""
+    return isinstance(plan.policy.tier, DiskTier) or any(
+        not getattr(g.source, "pinned", True) for g in streamed
+    )
+
+
 def apply_offload(
     model: nn.Module,
     policy: OffloadPolicy | None = None,
@@ -191,12 +200,8 @@ def apply_offload(
     streamed = placement.streamed
     engine = None
     if streamed:
-        # Disk reads and slabs in pageable RAM reach a device through the staging ring.
-        staged = isinstance(plan.policy.tier, DiskTier) or any(
-            not getattr(g.source, "pinned", True) for g in streamed
-        )
         engine = Engine(
-            model, streamed, backend, plan.prefetch_depth, counters, staged,
+            model, streamed, backend, plan.prefetch_depth, counters, _staged(plan, streamed),
             repair=placement.repair, read_threads=read_threads,
         )  # fmt: skip
         engine.install()

@@ -1,4 +1,5 @@
-"""What an offloaded network is in its pipeline: a diffusion model or a text encoder.
+"""What an offloaded network is in its pipeline: a diffusion model, a text encoder, a
+ControlNet, a model patch (Qwen-Image's block-wise ControlNet, ...) or a CLIP vision encoder.
 
 offload_core moves every kind the same way; the kind is for people. A graph that offloads
 both its diffusion model and its text encoder shows two lines in the sidebar, the panel and
@@ -16,6 +17,9 @@ from .errors import ConfigError
 class OffloadKind(str, Enum):
     MODEL = "model"
     TEXT_ENCODER = "text_encoder"
+    CONTROLNET = "controlnet"
+    MODEL_PATCH = "model_patch"
+    CLIP_VISION = "clip_vision"
 
     @property
     def label(self) -> str:
@@ -27,9 +31,16 @@ class OffloadKind(str, Enum):
         return f"{self.label}: {name}"
 
 
-_LABELS = {OffloadKind.MODEL: "model", OffloadKind.TEXT_ENCODER: "text encoder"}
+_LABELS = {
+    OffloadKind.MODEL: "model",
+    OffloadKind.TEXT_ENCODER: "text encoder",
+    OffloadKind.CONTROLNET: "ControlNet",
+    OffloadKind.MODEL_PATCH: "model patch",
+    OffloadKind.CLIP_VISION: "CLIP vision",
+}
 
-#: The order lines are listed in: the diffusion model's first, then the text encoders'.
+#: The order lines are listed in: the diffusion model's first, then the text encoders', then
+#: the networks beside them.
 LISTING_ORDER = {kind: i for i, kind in enumerate(OffloadKind)}
 
 

@@ -7,17 +7,8 @@ lives on it (``of``), and each Ferry patcher asks it to make the network match i
 (``ensure``), to let go (``release``), or for a plan (``plan``). A host is a subclass that
 fills in the hooks (``nodes/binding.py``, ``webui/layout.py``, ``tests/seam_test_host.py``).
 
-[Note: why a "loading" mark]
-A host's loader unloads every loaded clone of a model just before it loads the one asked for
-(ComfyUI's ``load_models_gpu`` detaches them, Forge's ``unload_model_clones`` unpatches them
-without moving them), and it asks the *loading* patcher ``is_clone(old)`` first. Laying the
-groups out again on every prompt would cost a full copy (a full rewrite on the disk tier), so
-an unload immediately followed by a Ferry patcher with the same offload keeps the layout: a
-Ferry patcher marks itself in ``is_clone`` (``mark_loading``); a plain patcher (Ferry off)
-leaves no mark, so the unload before it releases the layout and the host's own load gets the
-plain network back. A host also unloads clones it finds abandoned (a garbage-collected
-patcher detaches itself): only the patcher that loaded the layout (its *owner*), or any once
-the owner is gone, releases it.
+The loader's handshake (which patcher loads next, which owns the layout) is seam/handshake.py,
+where ``[Note: why a "loading" mark]`` is; the hooks a host fills in are seam/layout_hooks.py.
 """
 
 from __future__ import annotations
@@ -42,6 +33,8 @@ from ..offload_core.errors import WeightsLostError
 from ..offload_core.model.layout import module_nbytes
 from ..offload_core.model.plan import OffloadPlan
 from ..offload_core.policy import AUTO, OffloadPolicy
+from .handshake import Handshake
+from .layout_hooks import LayoutHooks
 from .offload import HeldOffload
 from .plans import Plans
 
@@ -64,7 +57,7 @@ class LayoutKey:
         return (self.policy, self.name) == (offload.policy, offload.name)
 
 
-class LiveLayout:
+class LiveLayout(LayoutHooks):
     """The Ferry layout of ``module`` (the network every clone of one model shares), if any.
 
     A host subclass sets ``attr`` (where on the shared object it lives) and
@@ -83,11 +76,11 @@ class LiveLayout:
         self.module = module
         self.handle: OffloadHandle | None = None
         self.key: LayoutKey | None = None
-        self.loading: HeldOffload | None = None
+        #: Which patcher loads next and which owns the layout (seam/handshake.py).
+        self.handshake = Handshake(_live_offload_of(weakref.ref(self)))
         #: The host's count of free memory on a device (vram_budget "auto"); None: offload_core's.
         self.free_vram: FreeVram | None = None
         self._shared = weakref.ref(shared) if shared is not None else None
-        self._owner: weakref.ref[Any] | None = None
         self._plans = Plans(module)
         self._twin_plans: Plans | None = None
 
@@ -105,27 +98,6 @@ class LiveLayout:
     def shared(self) -> Any:
         """The object every clone shares (None once it is gone)."""
         return self._shared() if self._shared is not None else None
-
-    # -- the host's hooks (each does nothing here) ------------------------------------------
-    def made_plain(self) -> None:
-        """The network is plain again and about to be planned on or laid out: what the host's
-        own load would do to its weights first (Forge bakes GGUF weights)."""
-
-    def laying_out(self) -> None:
-        """Right before the groups are laid out (the weights are ready)."""
-
-    def laid_out(self, done: bool) -> None:
-        """After a layout: ``done`` False where it failed (the network is as it was)."""
-
-    def released(self) -> None:
-        """After the layout was removed (every parameter back as it was)."""
-
-    def let_go_of(self) -> None:
-        """After a layout this one did not expect was removed (the host's counts of it)."""
-
-    def weights_lost(self, err: WeightsLostError) -> BaseException:
-        """What to raise where removing the layout found its only copy of some weights gone."""
-        return err
 
     # -- reading ---------------------------------------------------------------------------
     @property
@@ -197,7 +169,7 @@ class LiveLayout:
         if self.live and self.key == key:
             return False
         self.plan(offload, device)  # every check, before anything moves
-        owner = self._owner  # the patcher that asked is the owner of the new layout too
+        owner = self.handshake.owner()  # the patcher that asked owns the new layout too
         self.release()
         self._let_go()  # a layout another holder lost track of (see plan())
         self.made_plain()
@@ -216,7 +188,8 @@ class LiveLayout:
         except BaseException:
             self.laid_out(False)  # apply_offload put the network back as it was
             raise
-        self.key, self._owner = key, owner
+        self.key = key
+        self.handshake.set_owner(owner)
         self._plans.remember(offload.policy, device, self.handle.plan)
         self.laid_out(True)
         return True
@@ -226,7 +199,7 @@ class LiveLayout:
         [Note: release by kind of ending]): RESTORE when the host goes on using the network
         (every parameter back as it was, group by group), DISCARD when the host has dropped
         every object that could use it (Ferry's copies dropped, nothing read back)."""
-        self.loading = None
+        self.handshake.loading = None
         handle = self.handle
         if handle is None or handle.removed:
             self.handle, self.key = None, None
@@ -239,7 +212,8 @@ class LiveLayout:
             # A RestoreIncompleteError leaves the layout live (nothing dropped): kept, so the
             # next release tries again.
             if handle.removed:
-                self.handle, self.key, self._owner = None, None, None
+                self.handle, self.key = None, None
+                self.handshake.set_owner(None)
                 self.released()
         how = "discarded, nothing read back" if ending is Ending.DISCARD else "weights given back"
         log.info("ferry: released %s (%s)", handle.name, how)
@@ -257,34 +231,17 @@ class LiveLayout:
         finally:
             self.let_go_of()
 
-    # -- the loader's handshake (see the Note above) -----------------------------------------
-    def mark_loading(self, offload: HeldOffload | None) -> None:
-        self.loading = offload
 
-    def set_owner(self, patcher: Any) -> None:
-        """``patcher`` is the one loading (so using) the layout now."""
-        self._owner = weakref.ref(patcher)
+def _live_offload_of(ref: weakref.ref[LiveLayout]) -> Callable[[], Hashable | None]:
+    """What the layout behind ``ref`` serves now, (policy, name), for its handshake; weakly,
+    so the layout (on the host's shared object) is freed with it, no cycle."""
 
-    def keep_on_detach(self) -> bool:
-        """True when the patcher about to load wants exactly the live layout (the mark is
-        consumed: a later unload with no mark releases)."""
-        loading, self.loading = self.loading, None
-        return (
-            self.live
-            and loading is not None
-            and self.key is not None
-            and (self.key.same_offload(loading))
-        )
+    def live() -> Hashable | None:
+        lay = ref()
+        k = None if lay is None else lay.key
+        return (k.policy, k.name) if lay is not None and lay.live and k is not None else None
 
-    def should_release_on_detach(self, patcher: Any) -> bool:
-        """Whether an unload of ``patcher`` that does not move the model (a clone replacing
-        it, or the patcher being garbage-collected) releases the layout: not when a Ferry
-        patcher with the same offload loads next, and only from the owner (or any patcher
-        once the owner is gone)."""
-        if self.keep_on_detach():
-            return False
-        owner = self._owner() if self._owner is not None else None
-        return owner is None or owner is patcher
+    return live
 
 
 def resolve_auto(policy: OffloadPolicy, free: int | None, on_device: int) -> OffloadPolicy:

@@ -68,8 +68,10 @@ def _input(kind):
 io = types.ModuleType("comfy_api.latest.io")
 for attr, kind in [("Combo", "COMBO"), ("Int", "INT"), ("Float", "FLOAT"), ("String", "STRING"),
                    ("Boolean", "BOOLEAN"), ("Model", "MODEL"), ("Clip", "CLIP"),
-                   ("AnyType", "*"), ("Latent", "LATENT"), ("Image", "IMAGE")]:
+                   ("AnyType", "*"), ("Latent", "LATENT"), ("Image", "IMAGE"),
+                   ("ControlNet", "CONTROL_NET"), ("ClipVision", "CLIP_VISION")]:
     setattr(io, attr, _input(kind))
+io.Custom = _input  # a type by its name: MODEL_PATCH (core's class name differs by version)
 io.Input = object
 # Hidden inputs (the queued prompt, the node's id) are no widgets: named, not recorded.
 io.Hidden = types.SimpleNamespace(prompt="PROMPT", unique_id="UNIQUE_ID")

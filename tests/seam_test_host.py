@@ -54,16 +54,17 @@ class FerryVerbs(seam_class.FerryClones):  # type: ignore[name-defined,misc]
         return TinyHostLayout.of(self.model)
 
     def _ferry_mark_loading(self) -> None:
-        self.ferry_layout().mark_loading(self.ferry_offload)  # [Note: why a "loading" mark]
+        # [Note: why a "loading" mark] (seam/handshake.py)
+        self.ferry_layout().handshake.mark_loading(self.ferry_offload)
 
     def load(self) -> None:
         layout = self.ferry_layout()
-        layout.set_owner(self)
+        layout.handshake.set_owner(self)
         layout.ensure(self.ferry_offload, self.device, None, lambda: None)
 
     def unload(self, device: torch.device | None) -> None:
         layout = self.ferry_layout()
-        if device is not None or layout.should_release_on_detach(self):
+        if device is not None or layout.handshake.should_release_on_detach(self):
             layout.release()
         if not layout.live:
             super().unload(device)  # type: ignore[misc]

@@ -82,3 +82,36 @@ def test_the_seam_imports_no_host() -> None:
     for path in files:
         bad = [m for m in _imports(path) if m.lstrip(".").split(".")[0] in HOST_MODULES]
         assert not bad, f"{path.relative_to(REPO)} imports {bad}"
+
+
+#: The host folders and the seam, where each class is one job: at most this many methods.
+CLASS_PACKAGES = ("seam", "nodes", "webui")
+MAX_CLASS_METHODS = 15
+
+
+def many_method_classes(path: Path, root: Path = REPO) -> list[str]:
+    """Classes of ``path`` defining more than MAX_CLASS_METHODS methods in their own body
+    (nested classes count on their own), named relative to ``root``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.ClassDef):
+            n = sum(isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for f in node.body)
+            if n > MAX_CLASS_METHODS:
+                out.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({n} methods)")
+    return out
+
+
+def test_no_class_over_15_methods_in_the_hosts_and_the_seam() -> None:
+    files = sorted(p for pkg in CLASS_PACKAGES for p in (REPO / pkg).rglob("*.py"))
+    assert files
+    offenders = [c for path in files for c in many_method_classes(path)]
+    assert not offenders, "split these classes:\n" + "\n".join(offenders)
+
+
+def test_the_class_count_sees_a_big_class(tmp_path: Path) -> None:
+    # Guards against a count that passes because it counted nothing.
+    body = "".join(f"    def m{i}(self): ...\n" for i in range(MAX_CLASS_METHODS + 1))
+    big = tmp_path / "big.py"
+    small = "    def m(self): ...\n"
+    big.write_text(f"class Big:\n{body}\nclass Small:\n{small}", encoding="utf-8")
+    assert many_method_classes(big, tmp_path) == ["big.py:1 Big (16 methods)"]

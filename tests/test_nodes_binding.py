@@ -134,16 +134,16 @@ def test_detach_keeps_the_layout_only_for_a_ferry_patcher_with_the_same_config(
     b = OffloadBinding.of(owner, owner.diffusion_model)
     b.ensure(cfg(), "cpu", None, lambda: None)
     p = Patcher()
-    b.set_owner(p)
+    b.handshake.set_owner(p)
     # load_models_gpu asked a Ferry patcher with this config: its own reload keeps the layout.
-    b.mark_loading(cfg())
-    assert b.should_release_on_detach(p) is False
+    b.handshake.mark_loading(cfg())
+    assert b.handshake.should_release_on_detach(p) is False
     # The mark is consumed: a later detach with no mark (a plain patcher loads) releases.
-    assert b.should_release_on_detach(p) is True
-    b.mark_loading(cfg(tier="pinned"))  # a Ferry patcher with another config
-    assert b.should_release_on_detach(p) is True
-    b.mark_loading(None)
-    assert b.should_release_on_detach(p) is True
+    assert b.handshake.should_release_on_detach(p) is True
+    b.handshake.mark_loading(cfg(tier="pinned"))  # a Ferry patcher with another config
+    assert b.handshake.should_release_on_detach(p) is True
+    b.handshake.mark_loading(None)
+    assert b.handshake.should_release_on_detach(p) is True
 
 
 def test_a_garbage_collected_clone_does_not_release_the_owners_layout(owner: Owner) -> None:
@@ -151,12 +151,12 @@ def test_a_garbage_collected_clone_does_not_release_the_owners_layout(owner: Own
     b = OffloadBinding.of(owner, owner.diffusion_model)
     b.ensure(cfg(), "cpu", None, lambda: None)
     sampling, stray = Patcher(), Patcher()
-    b.set_owner(sampling)
-    assert b.should_release_on_detach(stray) is False
+    b.handshake.set_owner(sampling)
+    assert b.handshake.should_release_on_detach(stray) is False
     del sampling  # the owner is gone: nobody uses the layout any more
-    assert b.should_release_on_detach(stray) is True
+    assert b.handshake.should_release_on_detach(stray) is True
     b.release()
-    assert b._owner is None
+    assert b.handshake.owner() is None
 
 
 def test_plan_validates_before_anything_moves(owner: Owner) -> None:

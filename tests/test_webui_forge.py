@@ -21,6 +21,7 @@ controls = importlib.import_module(f"{PACK_NAME}.webui.controls")
 layout_mod = importlib.import_module(f"{PACK_NAME}.webui.layout")
 patcher_mod = importlib.import_module(f"{PACK_NAME}.webui.patcher")
 script_mod = importlib.import_module(f"{PACK_NAME}.webui.script")
+site = importlib.import_module(f"{PACK_NAME}.seam.site")
 routes = importlib.import_module(f"{PACK_NAME}.webui.routes")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
 settings_file = importlib.import_module(f"{PACK_NAME}.offload_core.tools.settings_file")
@@ -50,6 +51,10 @@ class Script:
     def process_before_every_sampling(self, p: Any, *args: Any, **kw: Any) -> None:
         self.obj.process_before_every_sampling(p, *args, **kw)
 
+    def process_batch(self, p: Any, *args: Any, **kw: Any) -> None:
+        # Before each batch's prompts are encoded (tests/webui_standins.py encode_batch).
+        self.obj.process_batch(p, *args, **kw)
+
 
 class StandInScriptBase:
     pass
@@ -68,16 +73,33 @@ def host(tmp_path: Path) -> Any:
 
 
 def ferry(tier: str = "ram", level: str = "block", blocks: int = 2, disk: str = "", look: int = 1,
-          budget: str = "", use_saved: bool = False, enabled: bool = True) -> tuple[Any, ...]:  # fmt: skip
-    return (enabled, level, blocks, tier, disk, look, budget, use_saved)
+          budget: str = "", use_saved: bool = False, enabled: bool = True,
+          text_encoder: bool | None = None) -> tuple[Any, ...]:  # fmt: skip
+    """The accordion's values (webui/controls.py CONTROLS); the text-encoder box last where
+    ``text_encoder`` is given (None: an API caller that predates it)."""
+    box = () if text_encoder is None else (text_encoder,)
+    return (enabled, level, blocks, tier, disk, look, budget, use_saved, *box)
+
+
+#: The tokens the text-encoder sessions encode: two 75-token chunks' worth of the stand-ins.
+TOKENS = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(3))
 
 
 class Session:
-    """One Forge process: a memory manager, a loaded checkpoint, the Ferry script."""
+    """One Forge process: a memory manager, a loaded checkpoint, the Ferry script; ``network``
+    is the one the tests drive through the accordion (the UNet, or the text encoder: then the
+    checkpoint's CLIP holds ``encoders`` and the box is ticked)."""
 
-    def __init__(self, host: Any, seed: int = 0, load: Any = forge.load_checkpoint) -> None:
+    def __init__(
+        self, host: Any, seed: int = 0, load: Any = None, network: str = "unet",
+        encoders: tuple[str, ...] = ("clip_l",),
+    ) -> None:  # fmt: skip
+        self.network = network
+        self.site = site.DIFFUSION_MODEL if network == "unet" else site.TEXT_ENCODER
+        if load is None and network != "unet":
+            load = lambda seed: forge.load_text_checkpoint(seed, encoders)  # noqa: E731
         self.mm = forge.MemoryManager()
-        self.sd = load(seed)
+        self.sd = (load or forge.load_checkpoint)(seed)
         self.script = Script(host)
 
     def run(
@@ -86,13 +108,32 @@ class Session:
         scripts = [] if args is None else [(self.script, args)]
         return forge.generate(self.mm, self.sd, scripts, X, lora_patches, online=online)
 
+    def encode(self, args: tuple[Any, ...] | None = None, lora: Any = None) -> tuple[Any, Any]:
+        scripts = [] if args is None else [(self.script, args)]
+        return forge.encode_batch(self.mm, self.sd, scripts, TOKENS, lora)
+
+    def go(self, args: tuple[Any, ...] | None = None) -> tuple[torch.Tensor, Any]:
+        """One run of this session's network: a generation, or a batch's prompts encoded."""
+        return self.run(args) if self.network == "unet" else self.encode(args)
+
+    def ferry(self, **kw: Any) -> tuple[Any, ...]:
+        """The accordion's values that put this session's network through Ferry."""
+        if self.network == "unet":
+            return ferry(**kw)
+        return ferry(**{"blocks": 1, **kw}, text_encoder=True)
+
     @property
     def kmodel(self) -> Any:
         return self.sd.forge_objects_original.unet.model
 
     @property
+    def joint(self) -> Any:
+        return self.sd.forge_objects_original.clip.cond_stage_model
+
+    @property
     def layout(self) -> Any:
-        return layout_mod.UnetLayout.of(self.kmodel)
+        shared = self.kmodel if self.network == "unet" else self.joint
+        return layout_mod.ForgeLayout.of_patcher(shared, self.site)
 
 
 @pytest.fixture
@@ -102,34 +143,60 @@ def session(host: Any) -> Any:
     s.layout.release()
 
 
+@pytest.fixture(params=["unet", "text_encoder"])
+def either(host: Any, request: Any) -> Any:
+    """A session of each network the accordion offloads: the tests below hold for both."""
+    s = Session(host, network=request.param)
+    yield s
+    s.layout.release()
+
+
+#: Passes a run makes of each network: one UNet call; the text encoder once per chunk.
+PASSES = {"unet": 1, "text_encoder": 2}
+
+
 @pytest.mark.parametrize("tier", ["ram", "pinned", "disk"])
 @pytest.mark.parametrize("level", ["block", "leaf"])
 def test_every_tier_and_level_is_forges_output(
-    session: Any, tmp_path: Path, level: str, tier: str
+    either: Any, tmp_path: Path, level: str, tier: str
 ) -> None:
-    plain, _ = session.run()
-    got, p = session.run(ferry(tier=tier, level=level, disk=str(tmp_path / "d")))
+    plain, _ = either.go()
+    got, p = either.go(either.ferry(tier=tier, level=level, disk=str(tmp_path / "d")))
     assert torch.equal(got, plain)
-    handle = session.layout.handle
+    handle = either.layout.handle
     assert (
         handle is not None and handle.policy.tier_name == tier and handle.policy.level_name == level
     )
-    assert handle.stats().forwards == 1
+    assert handle.kind is either.site.kind and handle.stats().kind == either.site.kind.value
+    # Each UNet call, each chunk the engine encodes (seam/passes.py), is one pass.
+    assert handle.stats().forwards == PASSES[either.network] and handle.stats().group_loads > 0
     assert p.extra_generation_params["Ferry"].split(", ")[1] == tier
+    if either.network == "text_encoder":  # its line reads "text encoder: clip_l"
+        assert handle.name == "clip_l"
+        assert p.extra_generation_params["Ferry"].endswith(", text encoder too")
+        assert oc.find_offload(either.kmodel.diffusion_model) is None  # the UNet stays Forge's
 
 
-def test_unchanged_settings_keep_the_layout_a_change_lays_it_out_again(session: Any) -> None:
-    plain, _ = session.run()
-    session.run(ferry(tier="ram"))
-    first = session.layout.handle
+def test_unchanged_settings_keep_the_layout_a_change_lays_it_out_again(either: Any) -> None:
+    plain, _ = either.go()
+    either.go(either.ferry(tier="ram"))
+    first = either.layout.handle
     before = layout_mod.COUNTS["layouts"]
     for _ in range(2):
-        got, _ = session.run(ferry(tier="ram"))
+        got, _ = either.go(either.ferry(tier="ram"))
         assert torch.equal(got, plain)
-    assert session.layout.handle is first and layout_mod.COUNTS["layouts"] == before
-    got, _ = session.run(ferry(tier="ram", blocks=3))
-    assert torch.equal(got, plain) and session.layout.handle is not first and first.removed
+    assert either.layout.handle is first and layout_mod.COUNTS["layouts"] == before
+    assert first.stats().forwards == 3 * PASSES[either.network]
+    got, _ = either.go(either.ferry(tier="ram", blocks=3))
+    assert torch.equal(got, plain) and either.layout.handle is not first and first.removed
     assert layout_mod.COUNTS["layouts"] == before + 1
+
+
+def test_forge_unloading_the_network_releases_the_layout(either: Any) -> None:
+    either.go(either.ferry(tier="ram"))
+    handle = either.layout.handle
+    either.mm.unload_all_models()  # free_memory(..., free_all=True): unpatch to offload_device
+    assert handle.removed and oc.find_offload(either.layout.module) is None
 
 
 def test_switching_ferry_off_gives_forge_its_plain_network(session: Any) -> None:
@@ -435,7 +502,7 @@ def _nothing_moved(s: Session, args: tuple[Any, ...], host: Any) -> str:
     dm = s.kmodel.diffusion_model
     where = {n: p.data_ptr() for n, p in dm.named_parameters()}
     p = forge.Processing(s.sd)
-    msg = script_mod.hand_over(p, args, host)
+    msg = script_mod.hand_over(p, args, host, site.DIFFUSION_MODEL)
     with pytest.raises(controls.ControlError) as e:
         p.sd_model.forge_objects.unet.forge_patch_model(forge.CPU)
     assert str(e.value) == msg
@@ -525,9 +592,9 @@ def test_api_callers_args() -> None:
     with pytest.raises(controls.ControlError, match="got 10 values for 9 controls"):
         controls.controls_dict([True] * 10)
     # An API caller that predates the text-encoder box: it is off.
-    assert controls.wants_text_encoder([True] * 8) is False
+    assert controls.switched_on([True] * 8, "text_encoder") is False
     with pytest.raises(controls.ControlError, match=r"^Ferry offload › Offload the text enc"):
-        controls.wants_text_encoder([True] * 8 + ["yes"])
+        controls.switched_on([True] * 8 + ["yes"], "text_encoder")
     with pytest.raises(controls.ControlError, match=r"^Ferry offload: must be true or false"):
         controls.offload_from_controls(["yes"], default_disk_path="/t", load_saved=lambda: None)
     assert (

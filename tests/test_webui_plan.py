@@ -61,9 +61,8 @@ def no_layout(sd: Any) -> bool:
     """No Ferry layout object on the UNet's KModel or the CLIP's joint encoder."""
     kmodel = sd.forge_objects.unet.model
     joint = sd.forge_objects.clip.cond_stage_model if sd.forge_objects.clip else None
-    return layout_mod.UnetLayout.attr not in kmodel.__dict__ and (
-        joint is None or layout_mod.TextEncoderLayout.attr not in joint.__dict__
-    )
+    attr = layout_mod.ForgeLayout.attr  # one layout per shared object, whatever network
+    return attr not in kmodel.__dict__ and (joint is None or attr not in joint.__dict__)
 
 
 def test_it_names_the_unet_with_the_planners_tier_and_reason(host: Any) -> None:

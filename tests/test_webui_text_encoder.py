@@ -1,6 +1,9 @@
 """Forge's text encoders through the Ferry accordion ("Offload the text encoder too"), against
 the stand-ins of Forge's CLIP, its text-processing engines and its loader
-(tests/webui_standins.py). tests/forge/test_forge_text_encoder.py runs them in a real Forge."""
+(tests/webui_standins.py): what only the text encoder has (its box, its engines, its encoders'
+names). What holds for every network (every tier and level, the layout kept and released) is
+tested once for the UNet and the text encoder, as a parameter: tests/test_webui_forge.py.
+tests/forge/test_forge_text_encoder.py runs them in a real Forge."""
 
 from __future__ import annotations
 
@@ -18,47 +21,27 @@ from tests.conftest import PACK_NAME, load_pack
 load_pack()
 controls = importlib.import_module(f"{PACK_NAME}.webui.controls")
 layout_mod = importlib.import_module(f"{PACK_NAME}.webui.layout")
-te_patcher = importlib.import_module(f"{PACK_NAME}.webui.text_encoder_patcher")
+patcher_mod = importlib.import_module(f"{PACK_NAME}.webui.patcher")
+site = importlib.import_module(f"{PACK_NAME}.seam.site")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
-
-TOKENS = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(3))  # 2 chunks
 
 
 def ferry(tier: str = "ram", level: str = "block", blocks: int = 1, disk: str = "",
           text_encoder: bool = True, enabled: bool = True) -> tuple[Any, ...]:  # fmt: skip
     """The accordion's values (webui/controls.py CONTROLS), the text-encoder box last."""
-    return (enabled, level, blocks, tier, disk, 1, "", False, text_encoder)
+    return unet_tests.ferry(tier, level, blocks, disk, enabled=enabled, text_encoder=text_encoder)
 
 
 #: The Forge host's fixture (its default disk folder and settings file under tmp_path).
 host = unet_tests.host
+TOKENS = unet_tests.TOKENS
 
 
-class TextEncoderScript(unet_tests.Script):
-    """The script with the hook Forge calls before each batch's prompts are encoded."""
-
-    def process_batch(self, p: Any, *args: Any, **kw: Any) -> None:
-        self.obj.process_batch(p, *args, **kw)
-
-
-class Session(unet_tests.Session):
-    """One Forge process with a checkpoint whose CLIP holds ``encoders``."""
-
-    def __init__(self, host: Any, encoders: tuple[str, ...] = ("clip_l",)) -> None:
-        super().__init__(host, load=lambda seed: forge.load_text_checkpoint(seed, encoders))
-        self.script = TextEncoderScript(host)
-
-    def encode(self, args: tuple[Any, ...] | None = None, lora: Any = None) -> tuple[Any, Any]:
-        scripts = [] if args is None else [(self.script, args)]
-        return forge.encode_batch(self.mm, self.sd, scripts, TOKENS, lora)
-
-    @property
-    def joint(self) -> Any:
-        return self.sd.forge_objects_original.clip.cond_stage_model
-
-    @property
-    def layout(self) -> Any:
-        return layout_mod.TextEncoderLayout.of_encoder(self.joint)
+def Session(host: Any, encoders: tuple[str, ...] = ("clip_l",)) -> Any:
+    """One Forge process whose checkpoint's CLIP holds ``encoders``, the text encoder driven
+    through the accordion (tests/test_webui_forge.py Session; every tier and level, the layout
+    kept and released are tested there, for both networks)."""
+    return unet_tests.Session(host, network="text_encoder", encoders=encoders)
 
 
 @pytest.fixture
@@ -66,27 +49,6 @@ def session(host: Any) -> Any:
     s = Session(host)
     yield s
     s.layout.release()
-
-
-@pytest.mark.parametrize("tier", ["ram", "pinned", "disk"])
-@pytest.mark.parametrize("level", ["block", "leaf"])
-def test_every_tier_and_level_gives_forges_conditioning(
-    session: Any, tmp_path: Path, level: str, tier: str
-) -> None:
-    plain, _ = session.encode()
-    got, p = session.encode(ferry(tier=tier, level=level, disk=str(tmp_path / "d")))
-    assert torch.equal(got, plain)
-    handle = session.layout.handle
-    assert handle is not None and (handle.policy.tier_name, handle.policy.level_name) == (
-        tier,
-        level,
-    )
-    assert (handle.name, handle.kind.value) == ("clip_l", "text_encoder")
-    assert handle.stats().kind == "text_encoder"  # its line reads "text encoder: clip_l"
-    # Each chunk the engine encodes is one pass (seam/passes.py on encode_with_transformers).
-    assert handle.stats().forwards == 2 and handle.stats().group_loads > 0
-    assert p.extra_generation_params["Ferry"].endswith(", text encoder too")
-    assert oc.find_offload(session.sd.forge_objects_original.unet.model.diffusion_model) is None
 
 
 def test_off_by_default_leaves_forges_clip(session: Any) -> None:
@@ -99,31 +61,12 @@ def test_off_by_default_leaves_forges_clip(session: Any) -> None:
         assert "text encoder" not in p.extra_generation_params.get("Ferry", "")
 
 
-def test_unchanged_settings_keep_the_layout_a_change_lays_it_out_again(session: Any) -> None:
-    plain, _ = session.encode()
-    session.encode(ferry(tier="ram"))
-    first = session.layout.handle
-    for _ in range(2):
-        got, _ = session.encode(ferry(tier="ram"))
-        assert torch.equal(got, plain)
-    assert session.layout.handle is first and first.stats().forwards == 6
-    got, _ = session.encode(ferry(tier="ram", blocks=2))
-    assert torch.equal(got, plain) and first.removed and session.layout.handle is not first
-
-
 def test_box_off_releases_and_forge_loads_its_plain_encoder(session: Any) -> None:
     plain, _ = session.encode()
     session.encode(ferry(level="leaf"))
     assert oc.find_offload(session.joint) is not None
     got, _ = session.encode(ferry(text_encoder=False))
     assert torch.equal(got, plain) and oc.find_offload(session.joint) is None
-
-
-def test_forge_unloading_the_clip_releases_the_layout(session: Any) -> None:
-    session.encode(ferry(tier="ram"))
-    handle = session.layout.handle
-    session.mm.unload_all_models()  # free_memory(..., free_all=True): unpatch to offload_device
-    assert handle.removed and oc.find_offload(session.joint) is None
 
 
 def test_lora_on_the_text_encoder_is_forges_lora(session: Any, tmp_path: Path) -> None:
@@ -186,7 +129,8 @@ def test_the_clone_keeps_the_text_encoders_class_and_offload(session: Any) -> No
     session.encode(ferry())
     clip = session.sd.forge_objects.clip
     again = clip.clone()  # a script cloning the CLIP after Ferry's (sd_forge_lora does)
-    assert isinstance(again.patcher, te_patcher.TextEncoderPatcherMixin)
+    assert isinstance(again.patcher, patcher_mod.FerryPatcherMixin)
+    assert again.patcher.ferry_site is site.TEXT_ENCODER
     assert again.patcher.ferry_offload == clip.patcher.ferry_offload
     assert again.cond_stage_model is session.joint
 
@@ -198,10 +142,8 @@ def test_the_panels_apply_finds_the_text_encoders_layout(session: Any) -> None:
     handle = session.layout.handle
     found = [lay for lay in layout_mod.layouts_of(session.sd) if lay.handle is handle]
     assert found == [session.layout] and found[0].release() and handle.removed
-    assert [type(lay).__name__ for lay in layout_mod.layouts_of(session.sd)] == [
-        "UnetLayout",
-        "TextEncoderLayout",
-    ]
+    unet, joint = (lay.module for lay in layout_mod.layouts_of(session.sd))
+    assert unet is session.sd.forge_objects.unet.model.diffusion_model and joint is session.joint
 
 
 def test_the_hires_pass_encodes_through_ferry_too(session: Any) -> None:

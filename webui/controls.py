@@ -185,14 +185,17 @@ def offload_from_controls(
         raise as_control_error(e) from None
 
 
-def wants_text_encoder(values: tuple[Any, ...] | list[Any]) -> bool:
-    """Whether the text encoder goes through Ferry too: the accordion on and its "Offload the
-    text encoder too" box ticked (it then takes the UNet's settings). Raises ControlError."""
+def switched_on(values: tuple[Any, ...] | list[Any], switch: str | None) -> bool:
+    """Whether the network behind the box ``switch`` goes through Ferry too: the accordion on
+    and that box ticked ("Offload the text encoder too": it then takes the UNet's settings).
+    Raises ControlError."""
+    if switch is None:
+        return False
     c = controls_dict(values)
-    for control in ("enabled", "text_encoder"):
+    for control in ("enabled", switch):
         if not isinstance(c[control], bool):
             raise ControlError(control, f"must be true or false, got {c[control]!r}")
-    return bool(c["enabled"] and c["text_encoder"])
+    return bool(c["enabled"] and c[switch])
 
 
 def check_folder(offload: ForgeOffload) -> None:

@@ -17,8 +17,9 @@ import functools
 import os
 from typing import Any
 
+from ..seam.site import DIFFUSION_MODEL
 from ..web.panel.webui_tab import register_tab, say_once
-from .layout import UnetLayout, layouts_of
+from .layout import ForgeLayout, layouts_of
 from .routes import add_routes
 from .script import Host, script_class
 
@@ -94,7 +95,7 @@ def forge_panel_options() -> dict[str, Any]:
         unet = getattr(getattr(model, "forge_objects", None), "unet", None)
         if unet is None:
             return None
-        return UnetLayout.of(unet.model).twin_plans()
+        return ForgeLayout.of_patcher(unet.model, DIFFUSION_MODEL).twin_plans()
 
     def is_busy() -> bool:
         return bool(shared.state.job_count)

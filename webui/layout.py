@@ -19,6 +19,7 @@ from torch import nn
 
 from ..offload_core.runtime.memory import release_freed_memory
 from ..seam.layout import LiveLayout
+from ..seam.site import DIFFUSION_MODEL, TEXT_ENCODER, NetworkSite
 from .file_views import file_views, put_back
 from .low_bit import bake_gguf
 
@@ -28,8 +29,11 @@ COUNTS: dict[str, Any] = {"layouts": 0, "releases": 0, "refusals": 0, "last_refu
 
 
 class ForgeLayout(LiveLayout):
-    """What Forge's loader does to a network's weights, for any network Ferry lays out in Forge
-    (a subclass says where the layout lives: ``attr``)."""
+    """What Forge's loader does to a network's weights, for any network Ferry lays out in Forge:
+    the UNet's (on its KModel) or the text encoders' (on the CLIP's ``JointTextEncoder``, which
+    every clone of the CLIP shares); each lives on its patcher's model (``of_patcher``)."""
+
+    attr = "_ferry_forge_layout"
 
     # Forge's network is plain between generations and keeps its weights' kinds: plans are
     # drawn on a meta twin, so the script's checks never touch the live layout.
@@ -39,6 +43,11 @@ class ForgeLayout(LiveLayout):
         super().__init__(module, shared)
         self.layouts = 0  # how many times the groups were laid out (the /ferry/stats route)
         self._views: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def of_patcher(cls, model: Any, site: NetworkSite) -> ForgeLayout:
+        """The layout of the network at ``site`` on a patcher's ``model``."""
+        return cls.of(model, site.network_of(model))
 
     # -- the seam's hooks ------------------------------------------------------------------
     def made_plain(self) -> None:
@@ -64,24 +73,6 @@ class ForgeLayout(LiveLayout):
         COUNTS["releases"] += 1
 
 
-class UnetLayout(ForgeLayout):
-    """The Ferry layout of a KModel's ``diffusion_model``, if any."""
-
-    attr = "_ferry_forge_layout"
-
-
-class TextEncoderLayout(ForgeLayout):
-    """The Ferry layout of a CLIP's text encoder(s), if any: Forge's ``CLIP.patcher`` holds the
-    ``JointTextEncoder`` itself (backend/patcher/clip.py), which every clone of the CLIP shares,
-    so the layout lives on it and the whole of it is the network (``of(joint)``)."""
-
-    attr = "_ferry_forge_text_encoder_layout"
-
-    @classmethod
-    def of_encoder(cls, joint: nn.Module) -> TextEncoderLayout:
-        return cls.of(joint, joint)
-
-
 def layouts_of(sd_model: Any) -> list[ForgeLayout]:
     """The Ferry layouts a Forge model (``shared.sd_model``) can have: its UNet's, then its
     text encoder's; none for a part it lacks."""
@@ -89,8 +80,7 @@ def layouts_of(sd_model: Any) -> list[ForgeLayout]:
     unet = getattr(objects, "unet", None)
     clip = getattr(objects, "clip", None)
     out: list[ForgeLayout] = []
-    if unet is not None:
-        out.append(UnetLayout.of(unet.model))
-    if clip is not None:
-        out.append(TextEncoderLayout.of_encoder(clip.cond_stage_model))
+    for site, obj in ((DIFFUSION_MODEL, unet), (TEXT_ENCODER, clip)):
+        if obj is not None:
+            out.append(ForgeLayout.of_patcher(site.patcher_of(obj).model, site))
     return out

@@ -1,4 +1,6 @@
-"""A Forge UnetPatcher that loads its UNet through Ferry instead of moving it whole.
+"""A Forge patcher that loads its network through Ferry instead of moving it whole: the UNet's
+(a UnetPatcher over a KModel) or the text encoders' (``CLIP.patcher``, a plain ModelPatcher
+over the ``JointTextEncoder``): seam/site.py says where the network is on the patcher's model.
 
 Integrates the way Forge's own patchers do: a subclass of the UNet's patcher class whose
 loading verbs Forge's memory manager calls (``backend/memory_management.py``), no global
@@ -33,20 +35,23 @@ import torch
 from torch import nn
 
 from ..offload_core import ConfigError, Ending, FerryError
+from ..seam.passes import mark_passes
 from ..seam.patcher_class import FerryClones, with_ferry
+from ..seam.site import DIFFUSION_MODEL, NetworkSite
 from .controls import ControlError, ForgeOffload, as_control_error
-from .layout import UnetLayout
+from .layout import ForgeLayout
 from .loaded import checkpoint_holds
 
 log = logging.getLogger("ferry")
 
 
 class FerryPatcherMixin(FerryClones):
-    """Put in front of the UNet's own patcher class (see ``ferry_patcher_class``)."""
+    """Put in front of the network's own patcher class (see ``ferry_clone``)."""
 
-    ferry_shared = ("ferry_offload", "ferry_refusal")
+    ferry_shared = ("ferry_offload", "ferry_refusal", "ferry_site")
     ferry_offload: ForgeOffload | None = None
     ferry_refusal: FerryError | None = None
+    ferry_site: NetworkSite = DIFFUSION_MODEL
     # Forge's ModelPatcher sets these (declared for the type checker only).
     model: Any
     lora_patches: dict[Any, Any]
@@ -54,16 +59,12 @@ class FerryPatcherMixin(FerryClones):
     current_device: Any
 
     # -- helpers ---------------------------------------------------------------------------
-    def _ferry_layout(self) -> UnetLayout:
-        return UnetLayout.of(self.model)
+    def _ferry_layout(self) -> ForgeLayout:
+        return ForgeLayout.of_patcher(self.model, self.ferry_site)
 
     def _ferry_weights_key(self) -> str:
         # What Forge's LoraLoader compares to decide whether to merge again (its loaded_hash).
         return str(list(self.lora_patches.keys()))
-
-    def _ferry_outside(self) -> list[nn.Module]:
-        dm = self.model.diffusion_model
-        return [m for m in self.model.children() if m is not dm]
 
     def _ferry_merge_loras(self) -> None:
         """Forge's own LoRA merge, on the plain network (the layout is released first)."""
@@ -71,7 +72,7 @@ class FerryPatcherMixin(FerryClones):
 
     # -- ModelPatcher verbs ----------------------------------------------------------------
     def _ferry_mark_loading(self) -> None:
-        self._ferry_layout().mark_loading(self.ferry_offload)
+        self._ferry_layout().handshake.mark_loading(self.ferry_offload)
 
     def forge_patch_model(self, target_device: Any = None) -> nn.Module:
         if self.ferry_refusal is not None:
@@ -83,7 +84,7 @@ class FerryPatcherMixin(FerryClones):
         # Ferry places them on the load device either way.
         device = torch.device(self.load_device)
         layout = self._ferry_layout()
-        layout.set_owner(self)
+        layout.handshake.set_owner(self)
         try:
             changed = layout.ensure(
                 offload, device, self._ferry_weights_key(), self._ferry_merge_loras
@@ -94,10 +95,10 @@ class FerryPatcherMixin(FerryClones):
             raise as_control_error(e, saved=offload.from_saved) from None
         if changed:
             assert layout.handle is not None
-            log.info("ferry: laid out %s\n%s", offload.name, layout.handle.plan.describe())
+            log.info("ferry: laid out %s\n%s", offload.title, layout.handle.plan.describe())
             print(f"Ferry: laid out {offload.name} ({layout.handle.plan.policy.tier_name} tier)")
         super().forge_patch_model(None)  # type: ignore[misc]  # object patches, no move
-        for m in self._ferry_outside():
+        for m in self.ferry_site.outside(self.model):
             m.to(device)
         self.current_device = device
         # What Forge may still place itself: nothing (see the module docstring).
@@ -105,7 +106,7 @@ class FerryPatcherMixin(FerryClones):
 
     def forge_unpatch_model(self, target_device: Any = None) -> None:
         layout = self._ferry_layout()
-        release = target_device is not None or layout.should_release_on_detach(self)
+        release = target_device is not None or layout.handshake.should_release_on_detach(self)
         ending = self._ferry_ending(target_device)
         discarded = False
         if release and layout.release(ending):
@@ -139,19 +140,48 @@ class FerryPatcherMixin(FerryClones):
 
 
 def ferry_patcher_class(base: type) -> type:
-    """``base`` (Forge's UnetPatcher, or a subclass) with Ferry's loading in front."""
+    """``base`` (Forge's UnetPatcher, its CLIP's ModelPatcher, a subclass) with Ferry's
+    loading in front."""
     return with_ferry(FerryPatcherMixin, base)
 
 
-def ferry_clone(unet: Any, offload: ForgeOffload | None, refusal: FerryError | None = None) -> Any:
-    """A clone of Forge's UNet patcher ``unet`` whose loads go through Ferry with ``offload``
-    (or that refuses to load with ``refusal``, naming the control)."""
+def ferry_clone(
+    obj: Any,
+    offload: ForgeOffload | None,
+    site: NetworkSite = DIFFUSION_MODEL,
+    refusal: FerryError | None = None,
+) -> Any:
+    """A clone of Forge's ``obj`` (``forge_objects.unet``, ``.clip``: ``site`` says where its
+    patcher and network are) whose patcher loads through Ferry with ``offload``, or refuses
+    to load with ``refusal`` (naming the control). A CLIP's clone shares ``cond_stage_model``
+    with ``obj``: Forge's text-processing engines hold its encoders, so it must be that
+    module that Ferry lays out."""
     if offload is None and refusal is None:
         raise ValueError("ferry_clone needs an offload or a refusal")
-    if not hasattr(getattr(unet, "model", None), "diffusion_model"):
-        raise ControlError("enabled", "this model has no UNet (diffusion_model) to offload")
-    n = unet.clone()
-    n.__class__ = ferry_patcher_class(type(unet))
-    n.ferry_offload = offload
-    n.ferry_refusal = refusal
+    control = site.forge_control or "enabled"
+    if site.network_of(getattr(site.patcher_of(obj), "model", None)) is None:
+        raise ControlError(control, f"this model has no {site.what} to offload")
+    n = obj.clone()
+    patcher = site.patcher_of(n)
+    patcher.__class__ = ferry_patcher_class(type(patcher))
+    patcher.ferry_offload, patcher.ferry_refusal, patcher.ferry_site = offload, refusal, site
+    return n
+
+
+def mark_engine_passes(sd_model: Any, network: nn.Module | None, methods: tuple[str, ...]) -> int:
+    """Marks each call of ``sd_model``'s text-processing engines whose encoder is part of
+    ``network`` as one pass of its layout (seam/passes.py): Forge runs each encoder through
+    its engine's ``encode_with_transformers``, once per 75-token chunk (not through
+    ``get_learned_conditioning``, which loads the CLIP first, so no layout exists yet when
+    its first call begins). Returns how many engines."""
+    if network is None:
+        return 0
+    inside = {id(m) for m in network.modules()}
+    n = 0
+    for engine in list(vars(sd_model).values()):
+        encoder = getattr(engine, "text_encoder", None)
+        names = [m for m in methods if callable(getattr(engine, m, None))]
+        if names and id(encoder) in inside:
+            mark_passes(network, names, on=engine)
+            n += 1
     return n

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..offload_core import BlockLevel, ConfigError, FerryError, OffloadKind, OffloadPolicy, RamTier
+from ..offload_core import BlockLevel, ConfigError, FerryError, OffloadPolicy, RamTier
 from ..offload_core.tools.settings_file import load_settings
 from ..seam.choices import level_choices, tier_choices
 from ..seam.offload import HeldOffload
+from ..seam.site import DIFFUSION_MODEL, TEXT_ENCODER, NetworkSite
 from .controls import (
     CONTROLS,
     DEFAULTS,
@@ -34,17 +35,12 @@ from .controls import (
     check_folder,
     offload_from_controls,
     parse_infotext,
-    wants_text_encoder,
+    switched_on,
 )
-from .layout import COUNTS, ForgeLayout, TextEncoderLayout, UnetLayout
+from .layout import COUNTS, ForgeLayout
 from .low_bit import check_weights
-from .patcher import ferry_clone
+from .patcher import FerryPatcherMixin, ferry_clone, mark_engine_passes
 from .plan import plan_text
-from .text_encoder_patcher import (
-    TextEncoderPatcherMixin,
-    ferry_text_encoder_clone,
-    mark_encoder_passes,
-)
 
 #: Blocks per group slider's top: the longest run of blocks of the models Forge runs (Flux's
 #: 38 single blocks). A model with fewer is refused with its own maximum, naming the control.
@@ -83,153 +79,116 @@ class Host:
     loaded_model: Callable[[], Any] = lambda: None
 
 
+@dataclass(frozen=True)
+class Words:
+    """How the accordion's messages name one kind of network: ``what`` (its weights),
+    ``blocks_of`` (where its blocks are counted), ``cut`` (the control for a network Ferry
+    cannot cut: no block list at block level, ...)."""
+
+    forge_object: str  # the attribute of ``p.sd_model.forge_objects`` that holds it
+    what: str
+    blocks_of: str
+    cut: str
+    infotext: str = ""  # added to the image's "Ferry" parameter
+
+
+#: The networks the accordion offloads, in the order their prompts and samplings load them.
+NETWORKS: dict[NetworkSite, Words] = {
+    TEXT_ENCODER: Words("clip", "the text encoder", "the text encoder", "text_encoder",
+                        TEXT_ENCODER_INFOTEXT),
+    DIFFUSION_MODEL: Words("unet", "this UNet", "this model", "level"),
+}  # fmt: skip
+
+
+def line_name(p: Any, site: NetworkSite, network: Any) -> str:
+    """The name on the network's line: the checkpoint's for the UNet; for a text encoder the
+    encoders Forge's JointTextEncoder holds (its children), as ComfyUI's are ("text encoder:
+    clip_l + clip_g"), since the registry would number a second line of the same name."""
+    if site is DIFFUSION_MODEL:
+        info = getattr(p.sd_model, "sd_checkpoint_info", None)
+        return getattr(info, "model_name", None) or "unet"
+    return " + ".join(name for name, _ in network.named_children())
+
+
 def requested(
-    p: Any,
-    values: tuple[Any, ...],
-    host: Host,
-    kind: OffloadKind = OffloadKind.MODEL,
-    name: str = "",
+    p: Any, values: tuple[Any, ...], host: Host, site: NetworkSite
 ) -> ForgeOffload | None:
-    """The offload the accordion asks for on ``p``'s model (``kind``: the UNet or its text
-    encoder; ``name``: its line's, by default the checkpoint's), not yet checked against the
-    network; None when Ferry is off."""
-    info = getattr(p.sd_model, "sd_checkpoint_info", None)
-    name = name or getattr(info, "model_name", None) or "unet"
+    """The offload the accordion asks for on ``p``'s network at ``site``, not yet checked
+    against it; None when Ferry is off (or that network's switch is)."""
+    if site.forge_control != "enabled" and not switched_on(values, site.forge_control):
+        return None
+    obj = getattr(p.sd_model.forge_objects, NETWORKS[site].forge_object)
+    name = line_name(p, site, site.network_of(site.patcher_of(obj).model))
     offload = offload_from_controls(
         values, default_disk_path=host.default_disk_path, load_saved=host.load_saved,
         name=name,
     )  # fmt: skip
     if offload is None:
         return None
-    offload = ForgeOffload(offload.policy, offload.name, kind, from_saved=offload.from_saved)
+    offload = ForgeOffload(offload.policy, offload.name, site.kind, from_saved=offload.from_saved)
+    info = getattr(p.sd_model, "sd_checkpoint_info", None)
     return offload.with_source_checkpoint(getattr(info, "filename", None))
 
 
-def check_against(
-    offload: ForgeOffload, layout: ForgeLayout, device: Any, *, what: str, blocks_of: str,
-    control: str,
-) -> None:  # fmt: skip
-    """``offload`` validated against ``layout``'s network (``what``, ``blocks_of`` where its
-    blocks are counted) on ``device``; nothing moves. Each error names the control that fixes
-    it, ``control`` where it is the network's weights."""
+def offload_for(
+    p: Any, values: tuple[Any, ...], host: Host, site: NetworkSite
+) -> ForgeOffload | None:
+    """The offload the accordion asks for on ``p``'s network at ``site``, validated against
+    it (nothing moves); None when off. Raises ControlError naming the control."""
+    offload = requested(p, values, host, site)
+    if offload is None:
+        return None
+    words = NETWORKS[site]
+    patcher = site.patcher_of(getattr(p.sd_model.forge_objects, words.forge_object))
+    layout = ForgeLayout.of_patcher(patcher.model, site)
+    device = patcher.load_device
     # Forge's own weight types first (GGUF runs, bnb 4-bit where its state is): low_bit.py.
-    check_weights(layout.module, device, what=what, control=control)
+    check_weights(layout.module, device, what=words.what, control=site.forge_control or "")
     try:
         # Blocks per group first, in the accordion's words: the network's longest run of blocks.
         probe = HeldOffload(OffloadPolicy(level=BlockLevel(1), tier=RamTier()), offload.name)
-        check_blocks(offload, layout.plan(probe, device).max_blocks_per_group, blocks_of)
+        check_blocks(offload, layout.plan(probe, device).max_blocks_per_group, words.blocks_of)
         layout.plan(offload, device)
     except ConfigError as e:
         raise as_control_error(e, saved=offload.from_saved) from None
     check_folder(offload)
-
-
-def offload_for(p: Any, values: tuple[Any, ...], host: Host) -> ForgeOffload | None:
-    """The offload the accordion asks for on ``p``'s model, validated against that model
-    (nothing moves); None when Ferry is off. Raises ControlError naming the control."""
-    offload = requested(p, values, host)
-    if offload is None:
-        return None
-    unet = p.sd_model.forge_objects.unet
-    layout = UnetLayout.of(unet.model)
-    check_against(
-        offload, layout, unet.load_device, what="this UNet", blocks_of="this model",
-        control="enabled",
-    )  # fmt: skip
     return offload
 
 
-def text_encoder_offload_for(p: Any, values: tuple[Any, ...], host: Host) -> ForgeOffload | None:
-    """The offload of ``p``'s text encoders (the UNet's settings), validated against them;
-    None when "Offload the text encoder too" is off. Raises ControlError naming the control."""
-    if not wants_text_encoder(values):
-        return None
-    clip = p.sd_model.forge_objects.clip
-    # Its line is named by the encoders Forge's JointTextEncoder holds (its children), as
-    # ComfyUI's are ("text encoder: clip_l + clip_g"): the UNet's line has the checkpoint's
-    # name, and the registry would number a second line of the same name.
-    encoders = " + ".join(name for name, _ in clip.cond_stage_model.named_children())
-    offload = requested(p, values, host, OffloadKind.TEXT_ENCODER, encoders)
-    assert offload is not None, "wants_text_encoder: the accordion is on"
-    layout = TextEncoderLayout.of_encoder(clip.cond_stage_model)
-    check_against(
-        offload, layout, clip.patcher.load_device, what="the text encoder",
-        blocks_of="the text encoder", control="text_encoder",
-    )  # fmt: skip
-    return offload
-
-
-def refuse(p: Any, err: ControlError) -> str:
-    """The generation will stop at the UNet's load with ``err`` (before any weight moves)."""
-    p.sd_model.forge_objects.unet = ferry_clone(p.sd_model.forge_objects.unet, None, refusal=err)
-    return counted(err)
-
-
-def counted(err: ControlError) -> str:
-    """``err``'s message, printed and counted as a refusal (the /ferry/stats route)."""
+def refuse(p: Any, err: ControlError, site: NetworkSite) -> str:
+    """The generation will stop at the load of ``p``'s network at ``site`` with ``err``
+    (before any weight moves); returns the message, printed and counted (/ferry/stats)."""
+    objects, attr = p.sd_model.forge_objects, NETWORKS[site].forge_object
+    setattr(objects, attr, ferry_clone(getattr(objects, attr), None, site, refusal=err))
     print(f"{SECTION}: refused: {err}")
     COUNTS["refusals"] += 1
     COUNTS["last_refusal"] = str(err)
     return str(err)
 
 
-Find = Callable[[Any, tuple[Any, ...], Host], "ForgeOffload | None"]
-Refuse = Callable[[Any, ControlError], str]
-
-
-def checked(
-    p: Any, values: tuple[Any, ...], host: Host, find: Find, refuse: Refuse, control: str
-) -> ForgeOffload | str | None:
-    """``find``'s offload; or, where it raises, ``refuse``'s message (the generation will stop
-    at that network's load), naming ``control`` for a network Ferry cannot cut (no block
-    list at block level, ...)."""
-    try:
-        return find(p, values, host)
-    except ControlError as e:
-        return refuse(p, e)
-    except FerryError as e:
-        return refuse(p, ControlError(control, str(e)))
-
-
-def hand_over(p: Any, values: tuple[Any, ...], host: Host) -> str | None:
-    """Puts a Ferry clone of the UNet's patcher in ``p.sd_model.forge_objects`` (or one that
-    refuses to load, naming the control); returns the refusal's message, if any."""
-    unet = p.sd_model.forge_objects.unet
-    offload = checked(p, values, host, offload_for, refuse, "level")
-    if not isinstance(offload, ForgeOffload):
-        return offload  # off (None), or the refusal's message
-    p.sd_model.forge_objects.unet = ferry_clone(unet, offload)
-    p.extra_generation_params[INFOTEXT_KEY] = offload.infotext()
-    return None
-
-
-def hand_over_text_encoder(p: Any, values: tuple[Any, ...], host: Host) -> str | None:
-    """Puts a Ferry clone of the CLIP in ``p.sd_model.forge_objects`` where "Offload the text
-    encoder too" is on (or one that refuses to load, naming the control); returns the
-    refusal's message, if any. Forge encodes the prompts with it next
-    (``get_learned_conditioning`` loads ``forge_objects.clip.patcher``)."""
-    objects = p.sd_model.forge_objects
-    clip = getattr(objects, "clip", None)
-    if clip is None:
+def hand_over(p: Any, values: tuple[Any, ...], host: Host, site: NetworkSite) -> str | None:
+    """Puts a Ferry clone of ``p``'s network at ``site`` in ``p.sd_model.forge_objects`` (or
+    one that refuses to load, naming the control); returns the refusal's message, if any.
+    Forge loads it next (the UNet for sampling; the CLIP's patcher in
+    ``get_learned_conditioning``)."""
+    objects, words = p.sd_model.forge_objects, NETWORKS[site]
+    obj = getattr(objects, words.forge_object, None)
+    if obj is None:
         return None
-    offload = checked(
-        p, values, host, text_encoder_offload_for, refuse_text_encoder, "text_encoder"
-    )
-    if not isinstance(offload, ForgeOffload):
-        return offload  # off (None), or the refusal's message
-    patcher = clip.patcher
-    if not (isinstance(patcher, TextEncoderPatcherMixin) and patcher.ferry_offload == offload):
-        objects.clip = ferry_text_encoder_clone(clip, offload)
-    mark_encoder_passes(p.sd_model, clip.cond_stage_model)
-    p.extra_generation_params[INFOTEXT_KEY] = offload.infotext() + TEXT_ENCODER_INFOTEXT
+    try:
+        offload = offload_for(p, values, host, site)
+    except ControlError as e:
+        return refuse(p, e, site)
+    except FerryError as e:
+        return refuse(p, ControlError(words.cut, str(e)), site)
+    if offload is None:
+        return None
+    patcher = site.patcher_of(obj)
+    if not (isinstance(patcher, FerryPatcherMixin) and patcher.ferry_offload == offload):
+        setattr(objects, words.forge_object, ferry_clone(obj, offload, site))
+    mark_engine_passes(p.sd_model, site.network_of(patcher.model), site.passes)
+    p.extra_generation_params[INFOTEXT_KEY] = offload.infotext() + words.infotext
     return None
-
-
-def refuse_text_encoder(p: Any, err: ControlError) -> str:
-    """The generation will stop at the text encoder's load with ``err`` (nothing moves)."""
-    objects = p.sd_model.forge_objects
-    objects.clip = ferry_text_encoder_clone(objects.clip, None, refusal=err)
-    return counted(err)
 
 
 def accordion(host: Host, is_img2img: bool) -> list[Any]:
@@ -338,12 +297,12 @@ def script_class(host: Host) -> type:
 
         def process_batch(self, p: Any, *args: Any, **kwargs: Any) -> None:
             # Right before this batch's prompts are encoded (setup_conds).
-            hand_over_text_encoder(p, args, host)
+            hand_over(p, args, host, TEXT_ENCODER)
 
         def process_before_every_sampling(self, p: Any, *args: Any, **kwargs: Any) -> None:
             # Called again for the hires pass, on a fresh copy of the UNet's patcher (and of
             # the CLIP's: the hires prompts are encoded after it).
-            hand_over(p, args, host)
-            hand_over_text_encoder(p, args, host)
+            for site in (DIFFUSION_MODEL, TEXT_ENCODER):
+                hand_over(p, args, host, site)
 
     return FerryOffloadScript

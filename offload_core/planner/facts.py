@@ -30,9 +30,13 @@ ASSUMED_CPU_COMPUTE_GBPS = 0.5
 #: the text encoder's activations) and the page cache the loaders read through.
 DEFAULT_RAM_HEADROOM = 2 * GIB
 
-#: What a network is; a VAE is listed (and its RAM counted) but never offloaded by Ferry.
-Kind = Literal["model", "text_encoder", "vae"]
-_KIND_WORDS = {"model": "model", "text_encoder": "text encoder", "vae": "VAE"}
+#: What a network is (offload_kind.py's values); a VAE is listed (and its RAM counted) but
+#: never offloaded by Ferry.
+Kind = Literal["model", "text_encoder", "controlnet", "model_patch", "clip_vision", "vae"]
+_KIND_WORDS = {
+    "model": "model", "text_encoder": "text encoder", "controlnet": "ControlNet",
+    "model_patch": "model patch", "clip_vision": "CLIP vision", "vae": "VAE",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,114 @@
+"""Where each kind of network sits on a host's object: the one answer to "which network".
+
+A host hands Ferry an object (ComfyUI's MODEL, CLIP, CONTROL_NET, MODEL_PATCH, CLIP_VISION;
+Forge's ``forge_objects.unet`` and ``.clip``). Somewhere on it is a patcher (the host's
+ModelPatcher), and on the patcher's ``model`` is the network Ferry lays out; what else the
+patcher's model holds lies *outside* the network and goes to the load device whole. A
+``NetworkSite`` says all of that for one kind, so a host has one patcher mixin and one
+``ferry_clone(..., site)``, and adding a kind of network is one value here plus one node
+(or script part) per host. Attribute names are data: nothing here imports a host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from ..offload_core import OffloadKind
+from ..offload_core.planner.facts import Kind
+
+
+@dataclass(frozen=True)
+class NetworkSite:
+    """One kind of network on a host's object (see the module docstring)."""
+
+    kind: OffloadKind  # its line's title: ``kind.line_title(name)``
+    what: str  # the words an error names it by: "diffusion model"
+    #: The attribute of the host's object that holds its patcher ("": the object is one).
+    patcher: str = ""
+    #: The attribute of the patcher's ``model`` that holds the network ("": the model is it).
+    network: str = ""
+    #: The attribute of the host's object that holds the network itself beside its patcher
+    #: ("": none), pointed at the Ferry patcher's model (a delegate's, under dynamic VRAM).
+    mirror: str = ""
+    #: The host object's own copy verb ("": ``copy.copy``; it never copies the weights).
+    copy: str = "clone"
+    #: Methods the host calls instead of the network's forward, each call one pass
+    #: (seam/passes.py); a host marks the ones its objects have.
+    passes: tuple[str, ...] = ()
+    #: The control that names it: ComfyUI's node input, Forge's accordion switch (None:
+    #: Forge does not offload this kind).
+    control: str = "model"
+    forge_control: str | None = None
+
+    def patcher_of(self, obj: Any) -> Any:
+        """The patcher on the host's object ``obj`` (None where it holds none)."""
+        return getattr(obj, self.patcher, None) if self.patcher else obj
+
+    def network_of(self, model: Any) -> nn.Module | None:
+        """The network on a patcher's ``model`` (None where it has none)."""
+        net = getattr(model, self.network, None) if self.network else model
+        return net if isinstance(net, nn.Module) else None
+
+    def outside(self, model: Any) -> list[nn.Module]:
+        """What the patcher's ``model`` holds beside the network (BaseModel's sigmas, ...):
+        tiny, and the host expects it on the load device."""
+        if not self.network or not isinstance(model, nn.Module):
+            return []
+        net = self.network_of(model)
+        return [m for m in model.children() if m is not net]
+
+    def title(self, name: str) -> str:
+        return self.kind.line_title(name)
+
+    @property
+    def planner_kind(self) -> Kind:
+        """What the planner calls it (offload_core/planner/facts.py: its words in a plan)."""
+        return self.kind.value  # type: ignore[return-value]
+
+
+DIFFUSION_MODEL = NetworkSite(
+    OffloadKind.MODEL, "diffusion model", network="diffusion_model",
+    control="model", forge_control="enabled",
+)  # fmt: skip
+
+#: ComfyUI runs a text encoder through ``encode_token_weights`` (comfy/sd.py, every core Ferry
+#: supports), Forge through each text-processing engine's ``encode_with_transformers``
+#: (once per 75-token chunk). Not ``generate`` (v0.33's LLM encoders): it runs the decoder
+#: once per new token, many passes that one mark would fold into one.
+TEXT_ENCODER = NetworkSite(
+    OffloadKind.TEXT_ENCODER, "text encoder", patcher="patcher", mirror="cond_stage_model",
+    passes=("encode_token_weights", "encode_with_transformers"), control="clip",
+    forge_control="text_encoder",
+)  # fmt: skip
+
+#: ComfyUI's ControlNet (comfy/controlnet.py) wraps ``control_model`` in its own patcher,
+#: which every ``copy()`` shares; the sampler loads it beside the model (``get_models``).
+CONTROLNET = NetworkSite(
+    OffloadKind.CONTROLNET, "ControlNet", patcher="control_model_wrapped",
+    mirror="control_model", copy="copy", control="control_net",
+)  # fmt: skip
+
+#: ComfyUI's MODEL_PATCH is the patcher itself (comfy_extras/nodes_model_patch.py); the
+#: model's patches call its network's own methods per block (``control_block``, ...), so no
+#: one call is a pass: its groups come in as each block runs.
+MODEL_PATCH = NetworkSite(
+    OffloadKind.MODEL_PATCH, "model patch", control="model_patch",
+)  # fmt: skip
+
+#: ComfyUI's ClipVisionModel (comfy/clip_vision.py) holds ``model`` and its ``patcher``;
+#: ``encode_image`` loads the patcher and calls the model's forward (one pass).
+CLIP_VISION = NetworkSite(
+    OffloadKind.CLIP_VISION, "CLIP vision model", patcher="patcher", mirror="model", copy="",
+    control="clip_vision",
+)  # fmt: skip
+
+SITES: tuple[NetworkSite, ...] = (
+    DIFFUSION_MODEL,
+    TEXT_ENCODER,
+    CONTROLNET,
+    MODEL_PATCH,
+    CLIP_VISION,
+)
