@@ -118,8 +118,7 @@ def raw_weights(quant: str, width: int, depth: int, seed: int) -> dict[str, Any]
     blocks with small scales: the package has no K-quant encoder) and an F32 bias."""
     import gguf
 
-    sys.path.insert(0, str(REPO))
-    from tests.gguf_standin import k_quant_bytes
+    from bench.k_quant import k_quant_bytes
 
     rng = np.random.default_rng(seed)
     T = gguf.GGMLQuantizationType

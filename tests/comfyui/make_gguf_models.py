@@ -18,7 +18,7 @@ Each model in two files (``diffusion_models/ferry-tiny-<arch>-<mix>.gguf``):
 Tensors of more than 4 dimensions (the patch embeddings' 3-D convolutions), which GGUF cannot
 hold, are written flattened to 2-D with their shape in ``comfy.gguf.orig_shape.<name>``, as
 ComfyUI-GGUF's conversion tool does. The ``gguf`` package has no K-quant encoder (it decodes
-only), so K-quant blocks are random quants under small, finite scales (``gguf_standin``).
+only), so K-quant blocks are random quants under small, finite scales (bench/k_quant.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # tests/: gguf_standin's K-quant blocks
+sys.path.insert(0, str(HERE.parents[1]))  # the checkout: bench/k_quant.py's K-quant blocks
 
 
 def _wan(comfy_ops):
@@ -114,7 +114,7 @@ def _kinds(name: str, t, mix: str, gguf):
             int(name.split(".")[1]) if name.split(".")[1:2] and name.split(".")[1].isdigit() else 0
         )
         qtype = T.Q5_K if block % 2 else T.Q4_K
-        from gguf_standin import k_quant_bytes
+        from bench.k_quant import k_quant_bytes
 
         return (
             qtype,
