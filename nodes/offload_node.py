@@ -48,7 +48,7 @@ class FerryOffloadNode(io.ComfyNode):
 
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return offload_schema(cls.TEXT, cls.SITE.control)
+        return offload_schema(cls.TEXT, cls.SITE.control, cls.SITE.bakes)
 
     @classmethod
     def execute(cls, use_panel_settings: bool, **inputs: Any) -> io.NodeOutput:
