@@ -1,6 +1,6 @@
 """Faults while a ControlNet, a model patch or a CLIP vision model is laid out (issue 38: "faults
 recover" for every kind), without ComfyUI: the layout goes through ComfyUI's binding
-(nodes/binding.py) on a stand-in shaped as core's object for that kind (tests/test_seam_site.py),
+(nodes/live_layout.py) on a stand-in shaped as core's object for that kind (tests/test_seam_site.py),
 as the Ferry patcher's load does (nodes/load_steps.py lay_out). The disk filling up on a
 group's file, or ComfyUI's Cancel raised from the layout's progress bar, leaves the network
 plain and usable: every call the host makes gives the plain output (``torch.equal``), nothing
@@ -23,7 +23,7 @@ from tests.test_seam_site import host_object
 load_pack()
 site = importlib.import_module(f"{PACK_NAME}.seam.site")
 passes = importlib.import_module(f"{PACK_NAME}.seam.passes")
-binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.binding")
+binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.live_layout")
 config = importlib.import_module(f"{PACK_NAME}.nodes.config")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
 store = importlib.import_module(f"{PACK_NAME}.offload_core.disk.store")
@@ -43,7 +43,7 @@ def cfg(s: Any, tier: str, folder: Path) -> Any:
         level="block", blocks_per_group=1, tier=tier, disk_path=str(folder),
         prefetch_depth=1, vram_budget="",
     )  # fmt: skip
-    return config.FerryConfig(policy, name="tiny", kind=s.kind)
+    return config.ComfyOffload(policy, name="tiny", kind=s.kind)
 
 
 class Laid:
@@ -54,7 +54,7 @@ class Laid:
         obj = host_object(s)
         patcher = s.patcher_of(obj)
         self.net = s.network_of(patcher.model).requires_grad_(False)
-        self.binding = binding_mod.OffloadBinding.of(patcher.model, self.net)
+        self.binding = binding_mod.ComfyLayout.of(patcher.model, self.net)
         self.pinned: list[int] = []
         self.binding.count_pinned = self.pinned.append  # core's pinned-memory count
         x = torch.randn(2, 8, generator=torch.Generator().manual_seed(3))
@@ -144,7 +144,7 @@ def test_cancel_mid_layout_leaves_the_network_usable(s: Any, tier: str, tmp_path
 def test_a_fault_while_planning_moves_nothing(s: Any, tmp_path: Path) -> None:
     # A setting the network cannot take is refused by the plan, before any weight moves.
     laid = Laid(s)
-    bad = config.FerryConfig(
+    bad = config.ComfyOffload(
         config.policy_from_inputs(
             level="block", blocks_per_group=64, tier="ram", disk_path="", prefetch_depth=1,
             vram_budget="",
