@@ -2,5 +2,5 @@
 
 Importing this package imports nothing: the modules that need ComfyUI (extension, *_node,
 patcher, routes, quant_loader) are imported by the pack's comfy_entrypoint; the rest (config,
-binding, stats, report, api, pusher) is plain Python that CI tests import directly.
+live_layout, stats, report, api, pusher) is plain Python that CI tests import directly.
 """

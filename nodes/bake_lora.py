@@ -35,8 +35,8 @@ _SPEEDS: dict[str, float] = {}
 def bake_lora(patcher: Any, device: torch.device, policy: OffloadPolicy) -> BakeChoice | None:
     """Bakes the patcher's patched GGUF weights as ``policy.bake_lora`` says; says so in the
     log. None where nothing carries patches (or the mode is off)."""
-    if policy.bake_lora == "off" or not hasattr(patcher.model, "diffusion_model"):
-        return None  # a text encoder's layers take inputs in dtypes of their own: as before
+    if policy.bake_lora == "off" or not patcher.ferry_site.bakes:
+        return None  # the panel's setting on a network that does not bake (seam/site.py)
     dtype = compute_dtype(patcher.model)
     targets = [t for key in patcher.patches if (t := _target(patcher, key, device, dtype))]
     if not targets:

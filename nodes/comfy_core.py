@@ -89,7 +89,7 @@ def free_vram(patcher: Any) -> Callable[[torch.device], int | None]:
     ``comfy_aimdo.model_vbar.vbars_analyze``), else ``comfy.model_management.get_free_memory``.
     None on a CPU: there is no VRAM to budget (offload_core's own rule)."""
 
-    ref = weakref.ref(patcher)  # kept on the BaseModel's binding: must not keep the patcher
+    ref = weakref.ref(patcher)  # kept on the BaseModel's live layout: must not keep the patcher
 
     def free(device: torch.device) -> int | None:
         device = torch.device(device)

@@ -32,7 +32,7 @@ from comfy_api.latest import io
 
 from ..offload_core import ConfigError, find_offload
 from ..offload_core.model.regional_compile import CompiledBlocks, CompileSettings, repeated_blocks
-from .config import FerryConfig, NodeInputError, as_node_error
+from .config import ComfyOffload, NodeInputError, as_node_error
 
 log = logging.getLogger("ferry")
 
@@ -115,7 +115,7 @@ def adopt(patcher: Any) -> None:
         )
 
 
-def check(patcher: Any, config: FerryConfig) -> None:
+def check(patcher: Any, config: ComfyOffload) -> None:
     """Before any weight moves: a compile Ferry cannot stream under is refused by name."""
     found = patcher.get_wrappers(WrappersMP.APPLY_MODEL, COMPILE_KEY)
     for w in found:

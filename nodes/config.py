@@ -165,7 +165,7 @@ def check_disk_folder(path: str, need_bytes: int | None = None) -> Path:
 
 
 @dataclass(frozen=True)
-class FerryConfig(HeldOffload):
+class ComfyOffload(HeldOffload):
     """What a Ferry-offloaded MODEL carries through clone() (seam/offload.py)."""
 
     name: str = "diffusion_model"

@@ -57,8 +57,14 @@ def _cast(kind: Kind) -> Callable[[torch.dtype, int], torch.dtype | None]:
     def rule(stored: torch.dtype, params: int) -> torch.dtype | None:
         if kind == "model":
             return mm.unet_dtype(device, model_params=params, weight_dtype=stored)  # type: ignore[no-any-return]
+        if kind == "controlnet":  # comfy/controlnet.py controlnet_config: no params given
+            return mm.unet_dtype(device, model_params=-1, weight_dtype=stored)  # type: ignore[no-any-return]
+        if kind == "model_patch":  # ModelPatchLoader keeps the file's own dtype
+            return None
         if kind == "vae":
             return mm.vae_dtype(device)  # type: ignore[no-any-return]
+        if kind == "clip_vision":  # comfy/clip_vision.py, whatever the file holds
+            return mm.text_encoder_dtype(device)  # type: ignore[no-any-return]
         if stored.itemsize == 1:  # fp8 text encoders keep their storage (cast per use)
             return None
         return mm.text_encoder_dtype(device)  # type: ignore[no-any-return]

@@ -82,7 +82,7 @@ def anchor(model: Any, src: Any, ferry_class: type, site: Any) -> Any:
     if a is None or a.model is not src.model:
         a = src.clone()
         a.__class__ = ferry_class
-        a.ferry_config, a.ferry_site = None, site
+        a.ferry_offload, a.ferry_site = None, site
         # LoadedModel's chain goes on to where the input's own would (no reference cycle: the
         # input holds the anchor, the anchor holds only the input's ancestors).
         a.parent = getattr(model, "parent", None)

@@ -30,12 +30,12 @@ log = logging.getLogger("ferry")
 def refuse_compile(p: Any) -> None:
     """Checked on every load, before any weight moves (a laid-out model skips load())."""
     refuse_lost(p.model)
-    block_compile.check(p, p.ferry_config)
+    block_compile.check(p, p.ferry_offload)
 
 
 def materialize_plain(p: Any) -> None:
     """A plain load of the Ferry loader's model: read it whole first, as UNETLoader does."""
-    if p.ferry_config is None and is_lazy(p.model):
+    if p.ferry_offload is None and is_lazy(p.model):
         materialize(p.model, p.offload_device)
 
 
@@ -65,8 +65,8 @@ def prepare(p: Any, device_to: torch.device) -> CheckpointWeights | None:
         return weights
     net.to(p.offload_device)
     patch_weights(p, device_to, list(p.patches))
-    if p.ferry_config is not None:  # GGUF's per-forward patches, computed once
-        bake_lora(p, device_to, p.ferry_config.policy)
+    if p.ferry_offload is not None:  # GGUF's per-forward patches, computed once
+        bake_lora(p, device_to, p.ferry_offload.policy)
     return None
 
 
@@ -86,8 +86,8 @@ def patch_weights(p: Any, device_to: torch.device | None, keys: list[str]) -> No
 def lay_out(p: Any, device: torch.device) -> int:
     """Makes ``p``'s network laid out on ``device`` (or keeps the live layout) and moves what
     lies outside it there; returns the bytes Ferry and those parts hold on the device."""
-    cfg = p.ferry_config
-    binding = p._ferry_binding()
+    cfg = p.ferry_offload
+    layout = p._ferry_layout()
     pbar = comfy.utils.ProgressBar(1)
 
     def progress(done: int, total: int) -> None:
@@ -95,19 +95,19 @@ def lay_out(p: Any, device: torch.device) -> int:
 
     weights = p.patches_uuid if p.patches else None
     try:
-        changed = binding.ensure(cfg, device, weights, lambda: prepare(p, device), progress)
+        changed = layout.ensure(cfg, device, weights, lambda: prepare(p, device), progress)
     except ConfigError as e:
         raise as_node_error(e) from None
-    except ApiUseError as e:  # unreachable by design (seam/layout.py); in ComfyUI's words
+    except ApiUseError as e:  # unreachable by design (seam/live_layout.py); in ComfyUI's words
         raise for_node(e) from None
     outside = 0
     for m in p.ferry_site.outside(p.model):
         m.to(device)
         outside += module_nbytes(m)
     if changed:
-        log.info("ferry: laid out %s\n%s", cfg.title, binding.handle.plan.describe())
+        log.info("ferry: laid out %s\n%s", cfg.title, layout.handle.plan.describe())
         comfy_core.say_if_ram_cache_drops_models()
-    return binding.device_bytes() + outside
+    return layout.device_bytes() + outside
 
 
 def account(p: Any, device: torch.device, device_bytes: int) -> None:

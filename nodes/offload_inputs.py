@@ -15,16 +15,17 @@ from ..offload_core.policy import AUTO, BAKE_MODES, DEFAULT_HEADROOM_GB
 from .config import CPU_READ_CHOICES, LEVELS, TIER_CHOICES, VERIFY_CHOICES
 
 
-def setting_inputs() -> list[io.Input]:
-    """Every setting of a Ferry offload node (Ferry Offload Model, Ferry Offload Text Encoder),
-    after its one input: the panel's switch, then how, memory and the advanced ones."""
+def setting_inputs(bakes: bool = True) -> list[io.Input]:
+    """Every setting of a Ferry offload node, after its one input: the panel's switch, then
+    how, memory and the advanced ones; ``bake_lora`` only where the network bakes (its site's
+    ``bakes``)."""
     panel = io.Boolean.Input(
         "use_panel_settings",
         default=False,
         tooltip="On: use the settings saved in the Ferry panel (the sidebar's "
         "'Open panel' button) and ignore the widgets below.",
     )
-    return [panel, *how_inputs(), *memory_inputs(), *advanced_inputs()]
+    return [panel, *how_inputs(), *memory_inputs(), *advanced_inputs(bakes)]
 
 
 def how_inputs() -> list[io.Input]:
@@ -82,11 +83,13 @@ def memory_inputs() -> list[io.Input]:
     ]
 
 
-def advanced_inputs() -> list[io.Input]:
+def advanced_inputs(bakes: bool = True) -> list[io.Input]:
     """Rarer options, optional and last, so workflows saved before them still load: a missing
-    optional input takes its default (the same default execute() has)."""
+    optional input takes its default (the same default execute() has). ``bake_lora`` is the
+    last one, so a node without it loads a workflow that saved its value: the frontend sets
+    widgets by position and drops the extra value; the server drops an input not declared."""
     disk = DiskTier  # the tier's own defaults (policy_from_inputs takes the same)
-    return [
+    inputs: list[io.Input] = [
         io.Float.Input(
             "headroom_gb", default=DEFAULT_HEADROOM_GB, min=0.0, max=1024.0, step=0.25,
             optional=True, tooltip="With vram_budget 'auto': VRAM left free for activations "
@@ -108,6 +111,11 @@ def advanced_inputs() -> list[io.Input]:
             "the buffers would take over a quarter of the free RAM, then maps; mapped computes "
             "straight from the page cache (least RAM); copy always copies. A GPU always copies.",
         ),
+    ]  # fmt: skip
+    if not bakes:
+        return inputs
+    return [
+        *inputs,
         io.Combo.Input(
             "bake_lora", options=list(BAKE_MODES), default="off", optional=True,
             tooltip="LoRA on GGUF weights: on computes each patched weight once when Ferry lays "
@@ -132,16 +140,16 @@ class NodeText:
     tooltip: str = ""
 
 
-def offload_schema(text: NodeText, name: str) -> io.Schema:
+def offload_schema(text: NodeText, name: str, bakes: bool = True) -> io.Schema:
     """The schema of a Ferry offload node: its network's input (``name``), then every setting
-    of Ferry Offload Model, and the same network out."""
+    of Ferry Offload Model (``bake_lora`` where ``bakes``), and the same network out."""
     tooltip = text.tooltip or f"The {text.what} to offload."
     return io.Schema(
         node_id=text.node_id,
         display_name=text.display_name,
         category="Ferry",
         description=text.description,
-        inputs=[text.network.Input(name, tooltip=tooltip), *setting_inputs()],
+        inputs=[text.network.Input(name, tooltip=tooltip), *setting_inputs(bakes)],
         outputs=[text.network.Output(tooltip=f"The same {text.what}; it loads through Ferry.")],
         # The queued prompt and this node's id: "auto" is planned for all its networks.
         hidden=[io.Hidden.prompt, io.Hidden.unique_id],

@@ -17,7 +17,7 @@ from ..seam.site import DIFFUSION_MODEL, NetworkSite
 from .auto_settings import remember
 from .config import (
     AUTO_WIDGETS,
-    FerryConfig,
+    ComfyOffload,
     NodeInputError,
     check_disk_folder,
     is_auto,
@@ -48,7 +48,7 @@ class FerryOffloadNode(io.ComfyNode):
 
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return offload_schema(cls.TEXT, cls.SITE.control)
+        return offload_schema(cls.TEXT, cls.SITE.control, cls.SITE.bakes)
 
     @classmethod
     def execute(cls, use_panel_settings: bool, **inputs: Any) -> io.NodeOutput:
@@ -126,7 +126,7 @@ class FerryOffloadNode(io.ComfyNode):
         policy, choice = auto_policy(
             cls.hidden, use_panel_settings, widgets, network, name, site.planner_kind
         )
-        config = FerryConfig(policy, name=name, kind=site.kind).with_source_checkpoint(source)
+        config = ComfyOffload(policy, name=name, kind=site.kind).with_source_checkpoint(source)
         remember(config.title, choice)
         out = ferry_clone(obj, config, site)
         if out is None:  # left to ComfyUI's dynamic VRAM; the log says why, once, with the flag

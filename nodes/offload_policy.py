@@ -16,7 +16,7 @@ from ..offload_core.planner.facts import Kind
 from ..offload_core.tools.settings_file import default_settings_path, load_settings
 from .auto_settings import network_in_hand, planned_widgets
 from .config import (
-    FerryConfig,
+    ComfyOffload,
     NodeInputError,
     as_node_error,
     check_disk_folder,
@@ -70,11 +70,11 @@ def node_policy(use_panel_settings: bool, **widgets: Any) -> OffloadPolicy:
     return policy_from_inputs(default_disk_path=default_disk_path(), **widgets)
 
 
-def check_against_model(out: Any, config: FerryConfig, use_panel_settings: bool) -> None:
+def check_against_model(out: Any, config: ComfyOffload, use_panel_settings: bool) -> None:
     """Validates the policy against this model before any weight moves: grouping, block
     count, budget, and room in the disk folder for the groups that will be written."""
     try:
-        plan = out._ferry_binding().plan(config, out.load_device)
+        plan = out._ferry_layout().plan(config, out.load_device)
     except ConfigError as e:
         raise as_node_error(e, panel=use_panel_settings) from None
     tier = config.policy.tier

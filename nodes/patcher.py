@@ -38,10 +38,10 @@ from ..seam.site import DIFFUSION_MODEL, NetworkSite
 from . import comfy_core
 from . import compile as block_compile
 from . import load_steps as steps
-from .binding import OffloadBinding
-from .config import FerryConfig, NodeInputError
+from .config import ComfyOffload, NodeInputError
 from .dynamic import DYNAMIC_VRAM_HELP, plain_patcher, say_once
 from .hold import HeldByFerry, anchor, hold
+from .live_layout import ComfyLayout
 from .pusher import ensure_pushing
 from .recovery import KEY as RECOVERY_KEY
 from .recovery import ModelReloadError, guard, has_meta_module, in_prompt
@@ -51,8 +51,8 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
     """Put in front of the patcher class of any network Ferry offloads (``ferry_clone``);
     ``ferry_site`` says where on the patcher's model the network is (seam/site.py)."""
 
-    ferry_shared = ("ferry_config", "ferry_site")
-    ferry_config: FerryConfig | None = None
+    ferry_shared = ("ferry_offload", "ferry_site")
+    ferry_offload: ComfyOffload | None = None
     ferry_site: NetworkSite = DIFFUSION_MODEL
     _ferry_collected = False
 
@@ -60,8 +60,8 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
     def _ferry_network(self) -> torch.nn.Module | None:
         return self.ferry_site.network_of(self.model)
 
-    def _ferry_binding(self) -> OffloadBinding:
-        b = OffloadBinding.of(self.model, self._ferry_network())
+    def _ferry_layout(self) -> ComfyLayout:
+        b = ComfyLayout.of(self.model, self._ferry_network())
         b.free_vram = comfy_core.free_vram(self)
         b.count_pinned = comfy_core.count_pinned
         return b
@@ -70,7 +70,7 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
         if self._ferry_network() is None:
             return False
         try:
-            return self._ferry_binding().release(ending)
+            return self._ferry_layout().release(ending)
         except ModelReloadError:
             if in_prompt():
                 raise  # the node error says what happened and that the model reloads
@@ -79,7 +79,7 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
     def _ferry_release_on_detach(self) -> bool:
         if self._ferry_network() is None:
             return False
-        return self._ferry_binding().handshake.should_release_on_detach(self)
+        return self._ferry_layout().handshake.should_release_on_detach(self)
 
     # -- ModelPatcher verbs ----------------------------------------------------------------
     def clone(self, *args: Any, **kwargs: Any) -> Any:
@@ -97,14 +97,14 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
 
     def _ferry_mark_loading(self) -> None:
         if self._ferry_network() is not None:
-            self._ferry_binding().handshake.mark_loading(self.ferry_config)
+            self._ferry_layout().handshake.mark_loading(self.ferry_offload)
 
     def model_size(self) -> int:
-        cfg = self.ferry_config
+        cfg = self.ferry_offload
         if cfg is None:
             return super().model_size()  # type: ignore[misc]
         try:
-            plan = self._ferry_binding().plan(cfg, self.load_device)
+            plan = self._ferry_layout().plan(cfg, self.load_device)
         except ConfigError:
             return super().model_size()  # type: ignore[misc]
         outside = sum(module_nbytes(m) for m in self.ferry_site.outside(self.model))
@@ -113,12 +113,12 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
     def partially_load(
         self, device_to: Any, extra_memory: Any = 0, *args: Any, **kwargs: Any
     ) -> Any:
-        cfg = self.ferry_config
+        cfg = self.ferry_offload
         steps.materialize_plain(self)
         if cfg is not None:
             steps.refuse_compile(self)
-            self._ferry_binding().handshake.set_owner(self)
-        if cfg is not None and not self._ferry_binding().serves(cfg, device_to):
+            self._ferry_layout().handshake.set_owner(self)
+        if cfg is not None and not self._ferry_layout().serves(cfg, device_to):
             # Whatever holds the module now (a plain clone's full load) is not Ferry's layout:
             # report nothing loaded, so ModelPatcher.partially_load goes on to our load().
             self.model.model_loaded_weight_memory = 0
@@ -133,7 +133,7 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
         **kwargs: Any,
     ) -> None:
         steps.materialize_plain(self)
-        if self.ferry_config is None:
+        if self.ferry_offload is None:
             return super().load(
                 device_to, lowvram_model_memory, force_patch_weights, full_load, **kwargs
             )  # type: ignore[misc]
@@ -150,8 +150,8 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
     def partially_unload(
         self, device_to: Any, memory_to_free: int = 0, *args: Any, **kwargs: Any
     ) -> int:
-        laid_out = self._ferry_network() is not None and self._ferry_binding().live
-        if self.ferry_config is None and not laid_out:
+        laid_out = self._ferry_network() is not None and self._ferry_layout().live
+        if self.ferry_offload is None and not laid_out:
             return super().partially_unload(device_to, memory_to_free, *args, **kwargs)  # type: ignore[misc]
         # Freeing part of a layout would mean moving groups behind the engine's back. Reporting
         # nothing freed makes ComfyUI unload the whole model instead (detach -> release).
@@ -173,7 +173,7 @@ class FerryPatcherMixin(FerryClones, HeldByFerry):
         return super().unpatch_model(device_to, unpatch_weights)  # type: ignore[misc]
 
     def detach(self, unpatch_all: bool = True) -> Any:
-        # See seam/layout.py: a full unload releases; a detach releases only when no Ferry reload
+        # See seam/live_layout.py: a full unload releases; a detach releases only when no Ferry reload
         # with the same config follows and this patcher owns the layout (or nobody does). A
         # Ferry patcher being garbage-collected (its cached node output dropped because the
         # node ran again) leaves that to its Ferry parent: see hold.py's [Note: the anchor].
@@ -204,7 +204,7 @@ def ferry_patcher(patcher: Any, site: NetworkSite = DIFFUSION_MODEL) -> Any:
     return patcher
 
 
-def ferry_clone(obj: Any, config: FerryConfig, site: NetworkSite = DIFFUSION_MODEL) -> Any | None:
+def ferry_clone(obj: Any, config: ComfyOffload, site: NetworkSite = DIFFUSION_MODEL) -> Any | None:
     """A copy of the host's object ``obj`` (a MODEL, CLIP, CONTROL_NET, ...: ``site`` says
     where its patcher and network are) whose patcher loads through Ferry; None where it must
     stay ComfyUI's (dynamic VRAM, no plain copy: said once, flagged)."""
@@ -218,7 +218,7 @@ def ferry_clone(obj: Any, config: FerryConfig, site: NetworkSite = DIFFUSION_MOD
     n = src.clone()
     cls = ferry_patcher_class(type(src))
     n.__class__ = cls
-    n.ferry_config, n.ferry_site = config, site
+    n.ferry_offload, n.ferry_site = config, site
     n.parent = anchor(held, src, cls, site)
     if guard not in n.get_wrappers(WrappersMP.APPLY_MODEL, RECOVERY_KEY):
         n.add_wrapper_with_key(WrappersMP.APPLY_MODEL, RECOVERY_KEY, guard)

@@ -60,12 +60,26 @@ LOADERS: Mapping[str, tuple[Loader, ...]] = {
     "DualCLIPLoaderGGUF": _one("text_encoder", "clip", "clip_name1", "clip_name2"),
     # Listed for its RAM: the plan's peak counts it (no Ferry node offloads a VAE).
     "VAELoader": _one("vae", "vae", "vae_name"),
+    "ControlNetLoader": _one("controlnet", "controlnet", "control_net_name"),
+    "DiffControlNetLoader": _one("controlnet", "controlnet", "control_net_name"),
+    "ModelPatchLoader": _one("model_patch", "model_patches", "name"),
+    "CLIPVisionLoader": _one("clip_vision", "clip_vision", "clip_name"),
 }
 #: Ferry's offload nodes: the input its network comes in on, and what that network is.
 FERRY_NODES: Mapping[str, tuple[str, Kind]] = {
     "FerryOffloadModel": ("model", "model"),
     "FerryOffloadTextEncoder": ("clip", "text_encoder"),
+    "FerryOffloadControlNet": ("control_net", "controlnet"),
+    "FerryOffloadModelPatch": ("model_patch", "model_patch"),
+    "FerryOffloadClipVision": ("clip_vision", "clip_vision"),
 }
+#: The kinds the sampler runs at every step beside the diffusion model (a ControlNet's
+#: blocks, a model patch's): read as often as the model; the rest once a prompt.
+PER_STEP: tuple[Kind, ...] = ("model", "controlnet", "model_patch")
+#: The order a plan lists networks in: the ones every step reads first.
+KIND_ORDER: tuple[Kind, ...] = (
+    "model", "controlnet", "model_patch", "text_encoder", "clip_vision", "vae",
+)  # fmt: skip
 #: Samplers whose steps say how often a prompt reads the diffusion model.
 SAMPLERS = ("KSampler", "KSamplerAdvanced")
 DEFAULT_STEPS = 20
@@ -169,7 +183,8 @@ def _facts(
 def prompt_networks(
     prompt: dict[str, Any], find: Find, cast: Cast, wish_of: WishOf
 ) -> list[PromptNetwork]:
-    """Every network ``prompt`` loads, Ferry's or not: diffusion models, text encoders, VAEs."""
+    """Every network ``prompt`` loads, Ferry's or not: diffusion models, text encoders,
+    ControlNets, model patches, CLIP vision models, VAEs."""
     if not isinstance(prompt, dict):
         raise ConfigError(
             "prompt", "send the workflow in API format: {node id: {class_type, inputs}}"
@@ -194,9 +209,8 @@ def prompt_networks(
                 continue
             ferry_id = ferry_of.get((loader_id, spec.kind))
             wish = wish_of(prompt[ferry_id].get("inputs", {})) if ferry_id else Wish()
-            reads = steps if facts.kind == "model" else 1.0
+            reads = steps if facts.kind in PER_STEP else 1.0
             facts = replace(facts, wish=wish, ferry=ferry_id is not None, reads_per_prompt=reads)
             files = tuple((facts.file or "").split(" + "))
             out.append(PromptNetwork(loader_id, ferry_id, files, facts))
-    order = {"model": 0, "text_encoder": 1, "vae": 2}
-    return sorted(out, key=lambda n: (order[n.facts.kind], n.loader_id))
+    return sorted(out, key=lambda n: (KIND_ORDER.index(n.facts.kind), n.loader_id))

@@ -28,7 +28,9 @@ from ..offload_core import (
     InferenceOnlyError,
 )
 
-ATTR = "ferry_binding"  # binding.py's attribute on the shared BaseModel (imports this file)
+ATTR = (
+    "_ferry_comfy_layout"  # live_layout.py's attribute on the shared BaseModel (imports this file)
+)
 
 log = logging.getLogger("ferry")
 KEY = "ferry.recovery"  # the APPLY_MODEL wrapper's key on a Ferry patcher
@@ -78,12 +80,12 @@ def damaged_file(err: BaseException) -> tuple[str, str]:
     return p.name, str(p.parent)
 
 
-def drop_and_reload(binding: Any, err: BaseException) -> ModelReloadError:
+def drop_and_reload(layout: Any, err: BaseException) -> ModelReloadError:
     """Drops the layout whose file lost its weights and makes ComfyUI load the model again.
-    ``binding`` (an OffloadBinding, or None once it let go) is released first."""
-    if binding is not None:
+    ``layout`` (a ComfyLayout, or None once it let go) is released first."""
+    if layout is not None:
         try:
-            binding.release()
+            layout.release()
         except ModelReloadError as e:
             return e  # release found the loss itself and said so
     name, folder = damaged_file(err)
@@ -107,9 +109,9 @@ def guard(executor: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return executor(*args, **kwargs)
     except CorruptGroupFileError as e:
-        raise drop_and_reload(_binding(executor), e) from e
+        raise drop_and_reload(_live_layout(executor), e) from e
     except OSError as e:  # a read failed (EIO, a vanished network disk): nothing was used
-        raise ModelReloadError(read_failed(_binding(executor), e)) from e
+        raise ModelReloadError(read_failed(_live_layout(executor), e)) from e
     except ApiUseError as e:
         raise for_node(e) from e
 
@@ -136,14 +138,14 @@ def for_node(err: ApiUseError) -> FerryError:
     return ModelReloadError(f"Ferry Offload Model: {what}; {then}.")
 
 
-def _binding(executor: Any) -> Any:
+def _live_layout(executor: Any) -> Any:
     base = getattr(executor, "class_obj", None)
     return base.__dict__.get(ATTR) if base is not None else None
 
 
-def read_failed(binding: Any, err: OSError) -> str:
+def read_failed(layout: Any, err: OSError) -> str:
     """A read that failed leaves the layout as it was: the next prompt reads again."""
-    handle = getattr(binding, "handle", None)
+    handle = getattr(layout, "handle", None)
     folder = handle.stats().disk_folder if handle is not None else None
     where = f"the disk folder {folder}" if folder else "Ferry's disk folder"
     return (

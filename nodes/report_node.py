@@ -54,10 +54,10 @@ class FerryMemoryReport(io.ComfyNode):
         observe_prompt(running_prompt_id(), samples)  # this prompt's disk reads, per network
         offloads = [o.stats for o in samples if "error" not in o.stats]
         plan_text = None
-        cfg = getattr(model, "ferry_config", None)
+        cfg = getattr(model, "ferry_offload", None)
         if cfg is not None:
             try:
-                plan_text = model._ferry_binding().plan(cfg, model.load_device).describe()
+                plan_text = model._ferry_layout().plan(cfg, model.load_device).describe()
             except ConfigError as e:
                 plan_text = f"(no plan: {e})"
             # What ComfyUI's model manager believes (the suite checks it matches Ferry's).

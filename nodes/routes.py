@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from . import api
-from .binding import release_from_panel
+from .live_layout import release_from_panel
 from .pusher import ensure_pushing
 
 log = logging.getLogger("ferry")

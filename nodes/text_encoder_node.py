@@ -1,6 +1,6 @@
 """Node "Ferry Offload Text Encoder": CLIP -> CLIP whose text encoder streams through Ferry.
 
-The same settings, checks and ModelPatcher binding as Ferry Offload Model (offload_node.py,
+The same settings, checks and ModelPatcher live layout as Ferry Offload Model (offload_node.py,
 patcher.py), applied to the CLIP's own patcher (``clip.patcher``, whose model is the text
 encoder: seam/site.py's TEXT_ENCODER). The layout happens when CLIPTextEncode loads the encoder;
 the conditioning is the same as without Ferry, to the bit.

@@ -61,7 +61,7 @@ class FerryClones:
 
     def is_clone(self, other: Any) -> bool:
         # The host's loader asks the patcher it is about to load (ComfyUI's load_models_gpu,
-        # Forge's unload_model_clones): see seam/layout.py's Note.
+        # Forge's unload_model_clones): see seam/live_layout.py's Note.
         self._ferry_mark_loading()
         return bool(super().is_clone(other))  # type: ignore[misc]
 

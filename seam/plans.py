@@ -3,7 +3,7 @@
 ``plan_offload`` validates a policy against a network and sizes every group; it refuses a
 network that is laid out already. So whoever shows or checks a plan while the network is (or
 may be) laid out plans on its *meta twin*: the same modules, every tensor on the meta device,
-no memory. Both hosts' live layouts (seam/layout.py) and the panel's previews plan here.
+no memory. Both hosts' live layouts (seam/live_layout.py) and the panel's previews plan here.
 """
 
 from __future__ import annotations

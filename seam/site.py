@@ -42,6 +42,10 @@ class NetworkSite:
     #: Forge does not offload this kind).
     control: str = "model"
     forge_control: str | None = None
+    #: Whether ``bake_lora`` applies (its node shows the widget): LoRA patches on GGUF weights
+    #: computed once at layout. Only the diffusion model's: a text encoder's layers take inputs
+    #: in dtypes of their own, and no other kind carries GGUF LoRA patches.
+    bakes: bool = False
 
     def patcher_of(self, obj: Any) -> Any:
         """The patcher on the host's object ``obj`` (None where it holds none)."""
@@ -71,7 +75,7 @@ class NetworkSite:
 
 DIFFUSION_MODEL = NetworkSite(
     OffloadKind.MODEL, "diffusion model", network="diffusion_model",
-    control="model", forge_control="enabled",
+    control="model", forge_control="enabled", bakes=True,
 )  # fmt: skip
 
 #: ComfyUI runs a text encoder through ``encode_token_weights`` (comfy/sd.py, every core Ferry

@@ -20,7 +20,7 @@ import torch
 from tests.conftest import PACK_NAME, load_pack
 
 load_pack()
-seam_layout = importlib.import_module(f"{PACK_NAME}.seam.layout")
+seam_layout = importlib.import_module(f"{PACK_NAME}.seam.live_layout")
 seam_class = importlib.import_module(f"{PACK_NAME}.seam.patcher_class")
 seam_offload = importlib.import_module(f"{PACK_NAME}.seam.offload")
 

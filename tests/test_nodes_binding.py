@@ -12,10 +12,10 @@ from torch import nn
 from tests.conftest import PACK_NAME, load_pack
 
 load_pack()
-binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.binding")
+binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.live_layout")
 config = importlib.import_module(f"{PACK_NAME}.nodes.config")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
-OffloadBinding = binding_mod.OffloadBinding
+ComfyLayout = binding_mod.ComfyLayout
 
 
 class Block(nn.Module):
@@ -55,7 +55,7 @@ def cfg(tier: str = "ram", name: str = "net", **kw: object) -> object:
         level="block", blocks_per_group=2, tier=tier, disk_path="", prefetch_depth=1, vram_budget=""
     )
     flat.update(kw)
-    return config.FerryConfig(config.policy_from_inputs(**flat), name=name)
+    return config.ComfyOffload(config.policy_from_inputs(**flat), name=name)
 
 
 @pytest.fixture
@@ -75,8 +75,8 @@ def _nbytes(*modules: nn.Module) -> int:
 
 
 def test_binding_lives_on_the_shared_owner(owner: Owner) -> None:
-    b = OffloadBinding.of(owner, owner.diffusion_model)
-    assert OffloadBinding.of(owner, owner.diffusion_model) is b
+    b = ComfyLayout.of(owner, owner.diffusion_model)
+    assert ComfyLayout.of(owner, owner.diffusion_model) is b
     assert not b.live and b.device_bytes() == 0
 
 
@@ -88,7 +88,7 @@ def test_ensure_offloads_exactly_and_release_restores(
     with torch.no_grad():
         ref = net(X)
     before = {k: v.clone() for k, v in net.state_dict().items()}
-    b = OffloadBinding.of(owner, net)
+    b = ComfyLayout.of(owner, net)
     c = cfg(tier, disk_path=str(tmp_path) if tier == "disk" else "")
     calls = []
     assert b.ensure(c, "cpu", None, lambda: calls.append(1)) is True
@@ -113,7 +113,7 @@ def test_ensure_offloads_exactly_and_release_restores(
 
 
 def test_new_weights_or_config_lay_out_again(owner: Owner) -> None:
-    b = OffloadBinding.of(owner, owner.diffusion_model)
+    b = ComfyLayout.of(owner, owner.diffusion_model)
     calls: list[str] = []
     b.ensure(cfg(), "cpu", "uuid-a", lambda: calls.append("a"))
     first = b.handle
@@ -131,7 +131,7 @@ class Patcher:
 def test_detach_keeps_the_layout_only_for_a_ferry_patcher_with_the_same_config(
     owner: Owner,
 ) -> None:
-    b = OffloadBinding.of(owner, owner.diffusion_model)
+    b = ComfyLayout.of(owner, owner.diffusion_model)
     b.ensure(cfg(), "cpu", None, lambda: None)
     p = Patcher()
     b.handshake.set_owner(p)
@@ -148,7 +148,7 @@ def test_detach_keeps_the_layout_only_for_a_ferry_patcher_with_the_same_config(
 
 def test_a_garbage_collected_clone_does_not_release_the_owners_layout(owner: Owner) -> None:
     # ModelPatcher.__del__ calls detach(unpatch_all=False) on every clone that dies.
-    b = OffloadBinding.of(owner, owner.diffusion_model)
+    b = ComfyLayout.of(owner, owner.diffusion_model)
     b.ensure(cfg(), "cpu", None, lambda: None)
     sampling, stray = Patcher(), Patcher()
     b.handshake.set_owner(sampling)
@@ -160,7 +160,7 @@ def test_a_garbage_collected_clone_does_not_release_the_owners_layout(owner: Own
 
 
 def test_plan_validates_before_anything_moves(owner: Owner) -> None:
-    b = OffloadBinding.of(owner, owner.diffusion_model)
+    b = ComfyLayout.of(owner, owner.diffusion_model)
     with pytest.raises(oc.GroupingError) as info:
         b.plan(cfg(blocks_per_group=9), "cpu")
     assert info.value.setting == "blocks_per_group"
@@ -172,7 +172,7 @@ def test_plan_validates_before_anything_moves(owner: Owner) -> None:
 
 
 def test_failed_prepare_leaves_the_module_plain(owner: Owner) -> None:
-    b = OffloadBinding.of(owner, owner.diffusion_model)
+    b = ComfyLayout.of(owner, owner.diffusion_model)
 
     def boom() -> None:
         raise RuntimeError("LoRA file is broken")
@@ -184,7 +184,7 @@ def test_failed_prepare_leaves_the_module_plain(owner: Owner) -> None:
 
 def test_panel_apply_releases_the_nodes_layout_for_the_next_prompt(owner: Owner) -> None:
     owner.model_loaded_weight_memory = 123  # ComfyUI's count on its BaseModel
-    b = OffloadBinding.of(owner, owner.diffusion_model)
+    b = ComfyLayout.of(owner, owner.diffusion_model)
     b.ensure(cfg(), "cpu", None, lambda: None)
     line = binding_mod.release_from_panel(b.handle, None)
     assert "released" in line and not b.live and oc.live_offloads() == []

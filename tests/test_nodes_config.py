@@ -151,9 +151,9 @@ def test_read_only_mount_is_refused_even_to_root(tmp_path: Path) -> None:
 
 
 def test_source_checkpoint_only_for_the_disk_tier(tmp_path: Path) -> None:
-    ram = config.FerryConfig(config.policy_from_inputs(**GOOD))
+    ram = config.ComfyOffload(config.policy_from_inputs(**GOOD))
     assert ram.with_source_checkpoint("/m.safetensors") == ram
-    disk = config.FerryConfig(
+    disk = config.ComfyOffload(
         config.policy_from_inputs(**{**GOOD, "tier": "disk", "disk_path": str(tmp_path)})
     )
     source = tmp_path / "m.safetensors"  # the source must be a file (seam/offload.py)

@@ -21,7 +21,7 @@ from tests.conftest import PACK_NAME, load_pack
 
 load_pack()
 dynamic = importlib.import_module(f"{PACK_NAME}.nodes.dynamic")
-binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.binding")
+binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.live_layout")
 config = importlib.import_module(f"{PACK_NAME}.nodes.config")
 CheckpointWeights = importlib.import_module(
     f"{PACK_NAME}.offload_core.sources.checkpoint_stream"
@@ -205,7 +205,7 @@ def _cfg(tier: str = "ram", vram_budget: str = "auto") -> object:
         level="block", blocks_per_group=1, tier=tier, disk_path="", prefetch_depth=1,
         vram_budget=vram_budget, headroom_gb=0.0,
     )  # fmt: skip
-    return config.FerryConfig(policy, name="net")
+    return config.ComfyOffload(policy, name="net")
 
 
 class Block(nn.Module):
@@ -234,7 +234,7 @@ def test_auto_budget_counts_what_the_host_counts_free() -> None:
     # torch.cuda.mem_get_info misses the second part. "auto" takes the host's count.
     owner = BaseModel()
     owner.diffusion_model = Blocks().requires_grad_(False)  # type: ignore[assignment]
-    b = binding_mod.OffloadBinding.of(owner, owner.diffusion_model)
+    b = binding_mod.ComfyLayout.of(owner, owner.diffusion_model)
     group = 64 * 64 * 4 + 64 * 4
     asked: list[torch.device] = []
 
@@ -251,7 +251,7 @@ def test_auto_budget_counts_what_the_host_counts_free() -> None:
     assert 1 <= sum(g.resident for g in plan.groups) < 6
     assert plan.device_bytes <= plan.budget_bytes
     # Where the host counts nothing (a CPU in ComfyUI), offload_core's own rule: no budget.
-    b2 = binding_mod.OffloadBinding.of(BaseModel(), Blocks())
+    b2 = binding_mod.ComfyLayout.of(BaseModel(), Blocks())
     b2.free_vram = lambda device: None
     unbudgeted = b2.plan(_cfg(), "cpu")
     assert unbudgeted.budget_bytes is None and not any(g.resident for g in unbudgeted.groups)
@@ -264,7 +264,7 @@ def test_pinned_bytes_are_counted_and_given_back() -> None:
     # MAX_PINNED_MEMORY, ensure_pin_registerable) is told every change of Ferry's pinned bytes.
     owner = BaseModel()
     owner.diffusion_model = Blocks().requires_grad_(False)  # type: ignore[assignment]
-    b = binding_mod.OffloadBinding.of(owner, owner.diffusion_model)
+    b = binding_mod.ComfyLayout.of(owner, owner.diffusion_model)
     told: list[int] = []
     b.count_pinned = told.append
     # On a CPU nothing is pinned (the pinned tier is plain RAM there): nothing is counted.

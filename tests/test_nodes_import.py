@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import PACK_NAME, REPO
 
 PURE_MODULES = (
-    "config", "binding", "dynamic", "stats", "report", "api", "pusher", "prompt_networks",
+    "config", "live_layout", "dynamic", "stats", "report", "api", "pusher", "prompt_networks",
 )  # fmt: skip
 COMFY_MODULES = (
     "extension",

@@ -17,11 +17,11 @@ from tests.helpers import fail_first_read_with_eio
 from tests.test_nodes_binding import Owner, X, cfg
 
 load_pack()
-binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.binding")
+binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.live_layout")
 recovery = importlib.import_module(f"{PACK_NAME}.nodes.recovery")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
 pack_files = importlib.import_module(f"{PACK_NAME}.offload_core.disk.files")  # the pack's own
-OffloadBinding = binding_mod.OffloadBinding
+ComfyLayout = binding_mod.ComfyLayout
 
 
 class Executor:
@@ -59,7 +59,7 @@ def _laid_out(tmp_path: Path) -> tuple[Owner, object, torch.Tensor, list[Path]]:
     owner = Owner()
     with torch.no_grad():
         ref = owner.diffusion_model(X)
-    b = OffloadBinding.of(owner, owner.diffusion_model)
+    b = ComfyLayout.of(owner, owner.diffusion_model)
     b.ensure(cfg("disk", disk_path=str(tmp_path)), "cpu", None, lambda: None)
     assert torch.equal(recovery.guard(Executor(owner), X), ref)
     return owner, b, ref, sorted(tmp_path.rglob("group-*.safetensors"))
@@ -86,7 +86,7 @@ def test_a_damaged_file_without_source_drops_the_layout_and_reloads(
     assert oc.live_offloads() == [] and not any(tmp_path.iterdir())
     # ComfyUI loads the model again (a new BaseModel): a changed widget lays it out, equal.
     fresh = Owner()
-    b2 = OffloadBinding.of(fresh, fresh.diffusion_model)
+    b2 = ComfyLayout.of(fresh, fresh.diffusion_model)
     b2.ensure(cfg("disk", disk_path=str(tmp_path), prefetch_depth=2), "cpu", None, lambda: None)
     assert torch.equal(recovery.guard(Executor(fresh), X), ref)
     b2.release()
@@ -107,7 +107,7 @@ def test_a_layout_the_binding_lost_track_of_is_let_go(tmp_path: Path) -> None:
     with torch.no_grad():
         ref = owner.diffusion_model(X)
     stray = oc.apply_offload(owner.diffusion_model, cfg().policy, onload_device="cpu")
-    b = OffloadBinding.of(owner, owner.diffusion_model)
+    b = ComfyLayout.of(owner, owner.diffusion_model)
     b.plan(cfg("pinned"), "cpu")
     assert stray.removed
     stray2 = oc.apply_offload(owner.diffusion_model, cfg().policy, onload_device="cpu")

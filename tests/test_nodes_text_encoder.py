@@ -25,10 +25,10 @@ from tests.conftest import PACK_NAME, load_pack
 from tests.test_nodes_binding import cfg
 
 load_pack()
-binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.binding")
+binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.live_layout")
 grouping = importlib.import_module(f"{PACK_NAME}.offload_core.model.grouping")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
-OffloadBinding = binding_mod.OffloadBinding
+ComfyLayout = binding_mod.ComfyLayout
 W = 16
 
 
@@ -115,7 +115,7 @@ def test_encoders_called_one_by_one_give_the_same_embeddings(
     te = FluxLikeClip()
     ref = te.encode(TOKENS)
     before = {k: v.clone() for k, v in te.state_dict().items()}
-    b = OffloadBinding.of(te, te)  # as the text encoder's patcher binds: the model is the network
+    b = ComfyLayout.of(te, te)  # as the text encoder's patcher binds: the model is the network
     c = cfg(tier, level=level, blocks_per_group=1, disk_path=str(tmp_path))
     assert b.ensure(c, "cpu", None, lambda: None) is True
     if level == "block":
@@ -163,7 +163,7 @@ def test_each_encode_is_one_pass_of_the_layout(tmp_path: Path) -> None:
     passes.mark_passes(te, entry)
     passes.mark_passes(te, entry)  # once per encoder: a second mark wraps nothing
     assert all(torch.equal(g, r) for g, r in zip(te.encode_token_weights(TOKENS), ref))  # no layout
-    b = OffloadBinding.of(te, te)
+    b = ComfyLayout.of(te, te)
     assert b.ensure(
         cfg("disk", blocks_per_group=1, disk_path=str(tmp_path)), "cpu", None, lambda: None
     )

@@ -1,7 +1,7 @@
 """A graph that offloads its diffusion model and its text encoder shows two lines, each saying
 what it is (issue 29): the sidebar's payload (nodes/stats.py), the panel's monitor rows
 (web/panel/monitor_view.py) and the memory report (nodes/report.py), read from real offloads
-laid out through the seam as the two Ferry nodes lay them out (a FerryConfig with its kind).
+laid out through the seam as the two Ferry nodes lay them out (a ComfyOffload with its kind).
 The sidebar's rendering of that payload in a browser is tests/test_sidebar_browser.py."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.test_nodes_text_encoder import TOKENS, FluxLikeClip
 load_pack()
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
 config = importlib.import_module(f"{PACK_NAME}.nodes.config")
-binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.binding")
+binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.live_layout")
 stats = importlib.import_module(f"{PACK_NAME}.nodes.stats")
 report = importlib.import_module(f"{PACK_NAME}.nodes.report")
 monitor = importlib.import_module(f"{PACK_NAME}.offload_core.tools.monitor")
@@ -37,12 +37,12 @@ TE_NAME = "clip_l + t5xxl + gemma2_2b"
 MODEL_NAME = "DemoDiT"
 
 
-def ferry_config(tier: str, name: str, kind: Any, disk_path: str = "") -> Any:
+def ferry_offload(tier: str, name: str, kind: Any, disk_path: str = "") -> Any:
     policy = config.policy_from_inputs(
         level="block", blocks_per_group=1, tier=tier, disk_path=disk_path, prefetch_depth=1,
         vram_budget="",
     )  # fmt: skip
-    return config.FerryConfig(policy, name=name, kind=kind)
+    return config.ComfyOffload(policy, name=name, kind=kind)
 
 
 class Base(nn.Module):
@@ -72,14 +72,14 @@ def graph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Graph]:
     with torch.inference_mode():
         net_ref = net(**x)
     # The text encoder first, as a graph encodes before it samples.
-    enc = binding_mod.OffloadBinding.of(te, te)
-    cfg = ferry_config(
+    enc = binding_mod.ComfyLayout.of(te, te)
+    cfg = ferry_offload(
         "disk", TE_NAME, OffloadKind.TEXT_ENCODER, str(tmp_path_factory.mktemp("te"))
     )
     assert enc.ensure(cfg, "cpu", None, lambda: None)
-    model = binding_mod.OffloadBinding.of(Base(net), net)
+    model = binding_mod.ComfyLayout.of(Base(net), net)
     assert model.ensure(
-        ferry_config("ram", MODEL_NAME, OffloadKind.MODEL), "cpu", None, lambda: None
+        ferry_offload("ram", MODEL_NAME, OffloadKind.MODEL), "cpu", None, lambda: None
     )
     try:
         for _ in range(2):

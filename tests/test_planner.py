@@ -246,8 +246,8 @@ def test_network_from_file_reads_the_header_only(tmp_path: Path) -> None:
 def test_network_from_file_cast_and_prefix(tmp_path: Path) -> None:
     tensors = {**dit_tensors(3, 64, prefix="model.diffusion_model."), **{
         "first_stage_model.w": ("F32", (16, 16)),
-        "cond.transformer.encoder.layers.0.w": ("F16", (8, 8)),
-        "cond.transformer.encoder.layers.1.w": ("F16", (8, 8)),
+        "cond.transformer.encoder.layers.0.mlp.w": ("F16", (8, 8)),
+        "cond.transformer.encoder.layers.1.mlp.w": ("F16", (8, 8)),
     }}  # fmt: skip
     path = sparse_safetensors(tmp_path / "ckpt.safetensors", tensors)
     net = network_from_file(
@@ -378,3 +378,34 @@ def test_the_panels_test_model_is_planned_without_building_it(tmp_path: Path) ->
     assert n[0] < 1 << 20  # nothing built, nothing read but /proc and the folder's speed file
     assert c.network.nbytes > 1.8 * GIB and c.tier == "disk"  # 1 GiB of RAM budget
     assert c.reason.startswith("disk: ") and "(assumed)" in c.reason
+
+
+def test_the_files_block_lists_are_the_ones_grouping_cuts(tmp_path: Path) -> None:
+    """A ControlNet's shape: composite blocks beside a longer list of Linears (its zero
+    outputs) and a Sequential of convs. The file's longest list bounds blocks_per_group, so it
+    must be grouping's (offload_core/model/grouping.py), or the plan asks for more."""
+    from safetensors.torch import save_file
+
+    from offload_core.model.grouping import BlockLevel, build_grouping
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = torch.nn.Linear(8, 8)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU())
+
+    class Control(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hint = torch.nn.Sequential(*(m for _ in range(4) for m in (
+                torch.nn.Conv2d(4, 4, 3), torch.nn.SiLU())))  # fmt: skip
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(3))
+            self.zero_outs = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(6))
+
+    net = Control()
+    path = tmp_path / "control.safetensors"
+    save_file(net.state_dict(), str(path))
+    facts = network_from_file(path, name="cn", kind="controlnet")
+    grouping = build_grouping(net, BlockLevel(blocks_per_group=1))
+    assert facts.longest_list == grouping.longest_block_list == 3
+    assert len(facts.block_bytes) == 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,108 @@ def test_a_checkpoint_is_three_networks(files: Path, te_prefix: str) -> None:
         4 * math.prod(shape) if dtype == "F32" else 2 * math.prod(shape)
         for dtype, shape in tensors.values()
     )
+
+
+def control_tensors(blocks: int, width: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """A Flux-shaped ControlNet: its own double blocks beside zero-initialized outputs (a
+    list of Linears, twice as long), and an input-hint Sequential of convs."""
+    out = {"img_in.weight": ("BF16", (width, 64))}
+    for i in range(0, 16, 2):
+        out[f"input_hint_block.{i}.weight"] = ("BF16", (16, 16, 3, 3))
+    for i in range(2 * blocks):
+        out[f"controlnet_single_blocks.{i}.weight"] = ("BF16", (width, width))
+    for i in range(blocks):
+        out[f"double_blocks.{i}.img_mlp.0.weight"] = ("BF16", (4 * width, width))
+        out[f"controlnet_blocks.{i}.weight"] = ("BF16", (width, width))
+    return out
+
+
+def side_networks(files: Path) -> dict[str, Any]:
+    """A model with a ControlNet behind Ferry, a second one (DiffControlNetLoader) plain, a
+    model patch and a CLIP vision model behind Ferry."""
+    sparse_safetensors(files / "union.safetensors", control_tensors(4, 256))
+    sparse_safetensors(files / "diff_cn.safetensors", control_tensors(2, 128))
+    sparse_safetensors(files / "qwen_patch.safetensors", dit_tensors(5, 256, dtype="F16"))
+    sparse_safetensors(files / "clip_vision_h.safetensors", te_tensors(6, 128, "visual"))
+
+    def offload(kind: str, key: str, link: list[Any], **widgets: Any) -> dict[str, Any]:
+        node = ferry(kind, link, **widgets)
+        node["inputs"][key] = node["inputs"].pop("clip")
+        return node
+
+    return {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "high.safetensors",
+                                                      "weight_dtype": "default"}},
+        "2": {"class_type": "ControlNetLoader", "inputs": {"control_net_name": "union.safetensors"}},
+        "3": offload("FerryOffloadControlNet", "control_net", ["2", 0], tier="ram"),
+        "4": {"class_type": "DiffControlNetLoader", "inputs": {
+            "model": ["1", 0], "control_net_name": "diff_cn.safetensors"}},
+        "5": {"class_type": "ModelPatchLoader", "inputs": {"name": "qwen_patch.safetensors"}},
+        "6": offload("FerryOffloadModelPatch", "model_patch", ["5", 0], blocks_per_group="2"),
+        "7": {"class_type": "CLIPVisionLoader", "inputs": {"clip_name": "clip_vision_h.safetensors"}},
+        "8": offload("FerryOffloadClipVision", "clip_vision", ["7", 0], tier="disk"),
+        "9": {"class_type": "ControlNetApplyAdvanced", "inputs": {"control_net": ["3", 0]}},
+        "10": {"class_type": "KSampler", "inputs": {"model": ["1", 0], "steps": 6, "cfg": 4.0}},
+    }  # fmt: skip
+
+
+def test_controlnets_model_patches_and_clip_vision_are_the_prompts_networks(files: Path) -> None:
+    nets = networks(files, side_networks(files))
+    by_loader = {n.loader_id: n for n in nets}
+    assert [n.loader_id for n in nets] == ["1", "2", "4", "5", "7"]  # per-step kinds first
+    kinds = {i: n.facts.kind for i, n in by_loader.items()}
+    assert kinds == {"1": "model", "2": "controlnet", "4": "controlnet", "5": "model_patch",
+                     "7": "clip_vision"}  # fmt: skip
+    ferry_of = {i: n.ferry_id for i, n in by_loader.items()}
+    assert ferry_of == {"1": None, "2": "3", "4": None, "5": "6", "7": "8"}
+    assert [by_loader[i].facts.ferry for i in ("2", "4", "5", "7")] == [True, False, True, True]
+    # The sampler runs a ControlNet and a model patch at every step, as the model; an image
+    # is encoded once a prompt.
+    reads = {i: n.facts.reads_per_prompt for i, n in by_loader.items()}
+    assert reads == {"1": 12.0, "2": 12.0, "4": 12.0, "5": 12.0, "7": 1.0}
+    # The double blocks are its block list; controlnet_blocks is a list of Linears, which
+    # grouping does not cut into groups: counted, the plan could ask for 8 blocks a group.
+    assert len(by_loader["2"].facts.block_bytes) == 4
+    assert by_loader["2"].facts.longest_list == 4
+    assert len(by_loader["5"].facts.block_bytes) == 5 and by_loader["5"].facts.in_place
+    assert len(by_loader["7"].facts.block_bytes) == 6
+    assert by_loader["2"].files == (str(files / "union.safetensors"),)
+    assert by_loader["2"].facts.wish == planner.Wish(tier="ram")
+    assert by_loader["5"].facts.wish == planner.Wish(blocks_per_group=2)
+    assert by_loader["7"].facts.wish == planner.Wish(tier="disk")
+
+
+def test_a_missing_controlnet_file_names_its_widget(files: Path) -> None:
+    prompt = side_networks(files)
+    prompt["2"]["inputs"]["control_net_name"] = "gone.safetensors"
+    with pytest.raises(errors.ConfigError) as e:
+        networks(files, prompt)
+    assert e.value.setting == "control_net_name" and "models/controlnet" in str(e.value)
+
+
+def test_the_plan_gives_each_new_kinds_ferry_node_its_choice(files: Path) -> None:
+    machine = planner.MachineFacts(
+        vram_free=None, ram_available=64 * GIB, disk_free=500 * GIB, disk_folder=str(files)
+    )
+    nets = networks(files, side_networks(files))
+    plan = planner.plan_graph(machine, [n.facts for n in nets])
+    choice = {n.ferry_id: c for n, c in zip(nets, plan.choices) if n.ferry_id}
+    assert set(choice) == {"3", "6", "8"}
+    assert choice["3"].tier == "ram" and choice["8"].tier == "disk"
+    assert choice["6"].blocks_per_group == 2
+
+
+def test_every_offload_nodes_site_is_a_ferry_node_of_the_planner() -> None:
+    # Each node file names its NODE_ID and its SITE (seam/site.py): the planner must find
+    # that node's network on the site's control, as the site's kind.
+    site = importlib.import_module(f"{PACK_NAME}.seam.site")
+    found = {}
+    for path in (Path(pn.__file__).parent).glob("*.py"):
+        text = path.read_text()
+        node_id = re.search(r'^NODE_ID = "(\w+)"', text, re.M)
+        site_name = re.search(r"^    SITE = (\w+)$", text, re.M)
+        if node_id and site_name:
+            s = getattr(site, site_name.group(1))
+            found[node_id.group(1)] = (s.control, s.planner_kind)
+    assert len(found) == len(site.SITES)
+    assert found == dict(pn.FERRY_NODES)

@@ -191,7 +191,7 @@ def test_the_source_file_check_is_one_for_every_host(tmp_path: Path) -> None:
     for path in (str(ckpt), str(tmp_path / "gone.safetensors"), None, ""):
         assert disk.with_source_checkpoint(path) == disk
     # Both hosts' offloads are the seam's, so they take the same check.
-    assert issubclass(node_config.FerryConfig, seam_offload.HeldOffload)
+    assert issubclass(node_config.ComfyOffload, seam_offload.HeldOffload)
     assert issubclass(forge_controls.ForgeOffload, seam_offload.HeldOffload)
 
 

@@ -113,6 +113,8 @@ def test_every_kind_has_one_site_and_its_own_control() -> None:
     # Forge offloads the two its accordion has switches for.
     forge = {s.kind.value: s.forge_control for s in site.SITES if s.forge_control}
     assert forge == {"model": "enabled", "text_encoder": "text_encoder"}
+    # bake_lora (GGUF LoRA computed once at layout) applies to the diffusion model alone.
+    assert [s.kind.value for s in site.SITES if s.bakes] == ["model"]
 
 
 @pytest.mark.parametrize("s", site.SITES, ids=lambda s: s.kind.value)

@@ -194,3 +194,21 @@ def test_each_template_shows_its_case() -> None:
     (report,) = six.of_type("FerryMemoryReport")
     assert six.source(report, "after")["type"] == "KSampler"  # type: ignore[index]
     assert six.chain(report, "model") == ["FerryOffloadModel", "UNETLoader"]
+
+
+def test_bake_lora_shows_only_where_the_network_bakes_and_comes_last() -> None:
+    """Only Ferry Offload Model's site bakes (seam/site.py ``bakes``). The widget is the last,
+    so a workflow saved while another offload node showed it still loads: the frontend sets
+    widgets by position and drops values past the last one (LGraphNode.configure), and the
+    server drops an input the node does not declare (execution.get_input_data)."""
+    offload = {
+        nid: [w["name"] for w in ordered_widgets(nid)]
+        for nid in node_schemas()
+        if nid.startswith("FerryOffload")
+    }
+    assert len(offload) == 5
+    assert {nid for nid, names in offload.items() if "bake_lora" in names} == {"FerryOffloadModel"}
+    model = offload.pop("FerryOffloadModel")
+    assert model[-1] == "bake_lora"
+    for nid, names in offload.items():
+        assert names == model[:-1], nid  # the same widgets in the same places, less the last

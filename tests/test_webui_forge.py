@@ -18,7 +18,7 @@ from tests.helpers import tmpfs
 
 load_pack()
 controls = importlib.import_module(f"{PACK_NAME}.webui.controls")
-layout_mod = importlib.import_module(f"{PACK_NAME}.webui.layout")
+layout_mod = importlib.import_module(f"{PACK_NAME}.webui.live_layout")
 patcher_mod = importlib.import_module(f"{PACK_NAME}.webui.patcher")
 script_mod = importlib.import_module(f"{PACK_NAME}.webui.script")
 site = importlib.import_module(f"{PACK_NAME}.seam.site")

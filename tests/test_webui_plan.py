@@ -19,7 +19,7 @@ from tests.conftest import PACK_NAME, load_pack
 
 load_pack()
 plan_mod = importlib.import_module(f"{PACK_NAME}.webui.plan")
-layout_mod = importlib.import_module(f"{PACK_NAME}.webui.layout")
+layout_mod = importlib.import_module(f"{PACK_NAME}.webui.live_layout")
 script_mod = importlib.import_module(f"{PACK_NAME}.webui.script")
 routes = importlib.import_module(f"{PACK_NAME}.webui.routes")
 planner = importlib.import_module(f"{PACK_NAME}.offload_core.planner")

@@ -20,7 +20,7 @@ from tests.conftest import PACK_NAME, load_pack
 
 load_pack()
 controls = importlib.import_module(f"{PACK_NAME}.webui.controls")
-layout_mod = importlib.import_module(f"{PACK_NAME}.webui.layout")
+layout_mod = importlib.import_module(f"{PACK_NAME}.webui.live_layout")
 patcher_mod = importlib.import_module(f"{PACK_NAME}.webui.patcher")
 site = importlib.import_module(f"{PACK_NAME}.seam.site")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")

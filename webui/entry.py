@@ -19,7 +19,7 @@ from typing import Any
 
 from ..seam.site import DIFFUSION_MODEL
 from ..web.panel.webui_tab import register_tab, say_once
-from .layout import ForgeLayout, layouts_of
+from .live_layout import ForgeLayout, layouts_of
 from .routes import add_routes
 from .script import Host, script_class
 

@@ -13,7 +13,7 @@ monkeypatching. What Forge sees:
   its own CPU swap (``build_module_profile``), it finds nothing to move behind Ferry's back.
 - ``forge_unpatch_model(device)`` (a full unload: ``free_memory``, a checkpoint switch)
   releases the layout; ``forge_unpatch_model()`` (a clone replacing this one) keeps it when
-  the next patcher is Ferry's with the same offload (seam/layout.py's Note).
+  the next patcher is Ferry's with the same offload (seam/live_layout.py's Note).
 - ``refresh_loras`` never merges into a live layout.
 - No ``model_size``: Forge calls it only from ``ModelPatcher.__init__`` (a Ferry patcher is
   still Forge's class then: ``ferry_clone`` switches it after), and reads the ``size`` it
@@ -39,7 +39,7 @@ from ..seam.passes import mark_passes
 from ..seam.patcher_class import FerryClones, with_ferry
 from ..seam.site import DIFFUSION_MODEL, NetworkSite
 from .controls import ControlError, ForgeOffload, as_control_error
-from .layout import ForgeLayout
+from .live_layout import ForgeLayout
 from .loaded import checkpoint_holds
 
 log = logging.getLogger("ferry")

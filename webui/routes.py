@@ -17,7 +17,7 @@ from typing import Any
 from ..offload_core.tools.monitor import read_offloads
 from ..offload_core.tools.settings_file import default_settings_path
 from .controls import CONTROLS, DEFAULTS
-from .layout import COUNTS
+from .live_layout import COUNTS
 from .plan import plan_text
 from .script import Host
 

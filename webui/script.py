@@ -37,7 +37,7 @@ from .controls import (
     parse_infotext,
     switched_on,
 )
-from .layout import COUNTS, ForgeLayout
+from .live_layout import COUNTS, ForgeLayout
 from .low_bit import check_weights
 from .patcher import FerryPatcherMixin, ferry_clone, mark_engine_passes
 from .plan import plan_text

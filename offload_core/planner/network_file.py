@@ -35,13 +35,18 @@ def loaded_bytes(t: StoredTensor, cast: torch.dtype | None) -> int:
 
 
 def block_lists(sizes: dict[str, int]) -> list[list[int]]:
-    """Each block list's blocks' bytes, in index order; top-most lists only."""
+    """Each block list's blocks' bytes, in index order; top-most lists only. As grouping.py
+    counts only lists of composite blocks, a list whose items hold their tensors themselves
+    (``controlnet_blocks.3.weight``: a list of Linears, a Sequential of convs) is no block
+    list: counted, it would let the plan ask for more blocks per group than the network has."""
     lists: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    composite: dict[str, dict[int, bool]] = defaultdict(lambda: defaultdict(bool))
     for key, n in sizes.items():
         m = _INDEXED.match(key)
         if m:
             lists[m.group(1)][int(m.group(2))] += n
-    found = {p: b for p, b in lists.items() if len(b) >= 2}
+            composite[m.group(1)][int(m.group(2))] |= "." in m.group(3)
+    found = {p: b for p, b in lists.items() if len(b) >= 2 and all(composite[p][i] for i in b)}
     top = [p for p in found if not any(p != q and p.startswith(q + ".") for q in found)]
     return [[found[p][i] for i in sorted(found[p])] for p in sorted(top)]
 

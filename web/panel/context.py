@@ -89,7 +89,7 @@ class PanelContext:
         self.monitor = monitor or get_monitor()
         self.onload_device = onload_device or self.monitor.device or "cpu"
         self.is_busy = is_busy or (lambda: False)
-        # A host that keeps its own reference to each handle (ComfyUI's binding) re-offloads
+        # A host that keeps its own reference to each handle (ComfyUI's live layout) re-offloads
         # through its own code: hook(handle, policy) -> one status line.
         self.reapply_hook = reapply_hook
         # A host whose model is known before it is offloaded (Forge's UNet) gives the plans

@@ -51,7 +51,7 @@ def launch_panel(
     demo_size_gb: build, offload and offer to run the built-in demo model (standalone use).
     is_busy: the host's "a job is running" test; Apply refuses while it is True.
     reapply_hook: ``hook(handle, policy) -> status line``, for a host that must re-offload its
-    models itself (ComfyUI's binding keeps each handle); default: remove() then apply_offload.
+    models itself (ComfyUI's live layout keeps each handle); default: remove() then apply_offload.
     """
     with _lock:
         # Checked even when a panel already runs: a refused address is refused every time.

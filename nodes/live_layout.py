@@ -1,8 +1,8 @@
-"""One diffusion model's live Ferry layout in ComfyUI: the seam's LiveLayout (seam/layout.py,
+"""One diffusion model's live Ferry layout in ComfyUI: the seam's LiveLayout (seam/live_layout.py,
 where ``[Note: why a "loading" mark]`` is) with ComfyUI's counts.
 
 ComfyUI clones a MODEL (a ModelPatcher) freely, and every clone shares one BaseModel: the
-binding lives on it. Two numbers come from the host (the patcher sets them; None outside
+live layout lives on it. Two numbers come from the host (the patcher sets them; None outside
 ComfyUI): ``free_vram``, what the host counts as free on a device, which vram_budget "auto"
 uses instead of offload_core's own ``torch.cuda.mem_get_info`` (ComfyUI counts VRAM its
 dynamic loader could evict as free), and ``count_pinned``, told each change of the pinned
@@ -19,14 +19,14 @@ from typing import Any
 from torch import nn
 
 from ..offload_core.errors import WeightsLostError
-from ..seam.layout import LiveLayout, resolve_auto
+from ..seam.live_layout import LiveLayout, resolve_auto
 from .recovery import ATTR, LOST, ModelReloadError, drop_and_reload, quarantine
 
-__all__ = ["ATTR", "OffloadBinding", "release_from_panel", "resolve_auto"]
-_all: weakref.WeakSet[OffloadBinding] = weakref.WeakSet()
+__all__ = ["ATTR", "ComfyLayout", "release_from_panel", "resolve_auto"]
+_all: weakref.WeakSet[ComfyLayout] = weakref.WeakSet()
 
 
-class OffloadBinding(LiveLayout):
+class ComfyLayout(LiveLayout):
     attr = ATTR
     # ComfyUI's networks may hold lazy Linears, torchao or GGUF tensors whose meta copies
     # would not size as the real ones do: plans are drawn on the network itself.

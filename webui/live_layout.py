@@ -1,5 +1,5 @@
 """One Forge network's live Ferry layout (the UNet's, or the text encoder's): the seam's
-LiveLayout (seam/layout.py, where ``[Note: why a "loading" mark]`` is) with what Forge's loader
+LiveLayout (seam/live_layout.py, where ``[Note: why a "loading" mark]`` is) with what Forge's loader
 does to the weights.
 
 Forge hands the sampler a new UnetPatcher clone nearly every generation (scripts and LoRA
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..offload_core.runtime.memory import release_freed_memory
-from ..seam.layout import LiveLayout
+from ..seam.live_layout import LiveLayout
 from ..seam.site import DIFFUSION_MODEL, TEXT_ENCODER, NetworkSite
 from .file_views import file_views, put_back
 from .low_bit import bake_gguf
