@@ -9,10 +9,11 @@ checkpoint is the source of truth (``base.ferry_checkpoint``):
   LoRA patches computed per tensor as ``ModelPatcher.patch_weight_to_device`` computes them;
 - any other load (no Ferry Offload Model after the loader) first reads the model whole
   (``materialize``), as UNETLoader would have.
-A file ComfyUI must convert (a diffusers layout, or its own quantized formats: legacy
-``scaled_fp8`` and ``comfy_quant``, which ``comfy.utils.convert_old_quants`` and the file's
-``_quantization_metadata`` turn into mixed-precision layers) is not lazy:
-``lazy_diffusion_model`` returns None and the caller loads it whole, saying so.
+Files in core's own quantized formats (legacy ``scaled_fp8`` and ``comfy_quant``) are built
+by core's own conversion and ops classes on meta (core_quant_stream.py): each tensor, and each
+inner tensor of a ``QuantizedTensor``, waits in the file under the key core took it from.
+A file ComfyUI must convert in RAM (a diffusers layout, a quantized tensor core repacks) is not
+lazy: ``lazy_diffusion_model`` returns None and the caller loads it whole, saying so.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from torch import nn
 from ..offload_core import ConfigError
 from ..offload_core.formats.safetensors import Header, read_checkpoint_header
 from ..offload_core.quant.group_stream import QuantizedStream
+from ..offload_core.sources.checkpoint import CheckpointIndex
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights, Converter
 from . import comfy_core
 from .config import NodeInputError
+from .core_quant_stream import lazy_core_quant_model
 
 log = logging.getLogger("ferry")
 WIDGET = "unet_name"
@@ -64,6 +67,10 @@ class LazyCheckpoint:
     path: str
     prefix: str
     quant: QuantizedStream | None = None
+    #: core's quantized formats: each tensor's file key as core's loader took it (None: the
+    #: model's names under ``prefix``), and each QuantizedTensor's inner tensors' keys
+    keys: dict[str, str] | None = None
+    parts: dict[str, tuple[str, ...]] | None = None
     patch_prefix = DM  # a MODEL patcher's patch keys: the BaseModel's names
 
     def network(self, base: Any) -> nn.Module:
@@ -78,6 +85,9 @@ class LazyCheckpoint:
         """The file as ``dm``'s source: ``convert`` (a LoRA), then the quantization."""
         if self.quant is not None:
             convert, changed = self.quant.after(convert, changed)
+        if self.keys is not None:
+            index = CheckpointIndex.open(self.path, WIDGET)
+            return CheckpointWeights(index, self.keys, "", convert, changed, self.parts)
         return CheckpointWeights.open(
             self.path, dm, prefix=self.prefix, setting=WIDGET, convert=convert, changed=changed
         )
@@ -182,8 +192,7 @@ def lazy_diffusion_model(
     sd, metadata = meta_state_dict(header), header.metadata
     quant_format = core_quant_format(sd, metadata)
     if quant_format is not None:
-        _not_lazy(path, f"ComfyUI's {quant_format} format, which its loader converts")
-        return None
+        return _lazy_core_quant(path, quant_format, weight_dtype, quantize)
     prefix = comfy.model_detection.unet_prefix_from_state_dict(sd)
     stripped = comfy.utils.state_dict_prefix_replace(sd, {prefix: ""}, filter_keys=True)
     if stripped:
@@ -205,6 +214,36 @@ def lazy_diffusion_model(
         return None
     quant = None if quantize is None else quantize(base.diffusion_model)
     base.ferry_checkpoint = LazyCheckpoint(path, prefix, quant)
+    return comfy.model_patcher.ModelPatcher(
+        base, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device()
+    )
+
+
+def _lazy_core_quant(
+    path: str,
+    quant_format: str,
+    weight_dtype: str,
+    quantize: Callable[[nn.Module], QuantizedStream] | None,
+) -> Any | None:
+    """A file in core's ``quant_format``, built on meta by core's own conversion and ops."""
+    if quantize is not None:  # a torchao preset on a quantized file: refused by its caller
+        _not_lazy(path, f"ComfyUI's {quant_format} format is already quantized")
+        return None
+    try:
+        built = lazy_core_quant_model(path, WIDGET, WEIGHT_DTYPES[weight_dtype])
+    except ConfigError as e:
+        raise NodeInputError(WIDGET, str(e).removeprefix(f"{WIDGET}: ")) from None
+    if isinstance(built, str):
+        _not_lazy(path, f"ComfyUI's {quant_format} format: {built}")
+        return None
+    base, keys, parts = built
+    base.ferry_checkpoint = LazyCheckpoint(path, "", None, keys, parts)
+    log.info(
+        "ferry: %s (ComfyUI's %s format) stays in its file: %d quantized layers streamed as stored",
+        path,
+        quant_format,
+        len(parts),
+    )
     return comfy.model_patcher.ModelPatcher(
         base, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device()
     )
