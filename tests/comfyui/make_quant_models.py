@@ -13,8 +13,9 @@
   the ``scaled_fp8`` marker, the file's sizes kept in its metadata.
 
 ``--big N``: ``ferry-q-wan-big-{high,low}.safetensors`` (two fp8_scaled experts of about N MB
-each, Wan 2.2's pair) and ``ferry-q-t5-big-fp8scaled.safetensors`` (the big T5 of
-make_text_encoders.py --big, fp8_scaled).
+each, Wan 2.2's pair), ``ferry-q-t5-big-fp8scaled.safetensors`` (the big T5 of
+make_text_encoders.py --big, fp8_scaled) and ``ferry-big-clip-l.safetensors`` (a CLIP-L of
+about 400 MB in float16, the smaller file of a big dual load).
 
     python make_quant_models.py <comfyui checkout> <models dir> [--big N]
 """
@@ -128,17 +129,48 @@ def main(comfy_dir: str, models_dir: str, big_mb: int = 0) -> None:
         del t5
         print(dst, os.path.getsize(os.path.join(te, dst)))
 
-    if big_mb:  # two experts of about big_mb MB each in fp8: width 1024, layers to fit
-        per_layer = 1024 * 1024 * (4 + 2 * 2)  # q k v o + ffn in and out (ffn 2x), fp8 bytes
+    if big_mb:  # Wan 2.2's pair: two experts of about big_mb MB each in fp8, width 1024
+        width = 1024
+        per_layer = 12 * width * width  # q k v o, cross q k v o, ffn in + out (2x): fp8 bytes
         layers = max(2, big_mb * 2**20 // per_layer)
         for seed, name in ((11, "high"), (12, "low")):
             torch.manual_seed(seed)
-            big = wan_state_dict(comfy_dir, 1024, layers)
+            big = wan_state_dict(comfy_dir, width, layers)
             big = {k: v.contiguous() for k, v in fp8_scaled(big, "blocks.").items()}
             path = os.path.join(dm, f"ferry-q-wan-big-{name}.safetensors")
             save_file(big, path)
             del big
-            print(path, os.path.getsize(path))
+            print(path, os.path.getsize(path), flush=True)
+        big_clip_l(te)
+
+
+#: A CLIP-L of about 400 MB in float16 (core detects CLIP_L below 23 layers): the smaller
+#: file of the big dual load (CLIP-L + the big T5, DualCLIPLoader type flux).
+BIG_CLIP_L = {
+    "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16,
+    "num_hidden_layers": 16, "projection_dim": 1024,
+}  # fmt: skip
+BIG_CLIP_L_FILE = "ferry-big-clip-l.safetensors"
+
+
+def big_clip_l(te_dir: str) -> None:
+    import comfy.sd1_clip
+    import make_text_encoders as mte
+    import torch
+    from safetensors.torch import save_file
+
+    options = {"model_name": "clip_l", "clip_l_model_config": dict(BIG_CLIP_L)}
+    te = comfy.sd1_clip.SDClipModel(device="meta", dtype=torch.float32, model_options=options)
+    g = torch.Generator().manual_seed(5)
+    sd = {}
+    for k, v in te.transformer.state_dict().items():
+        if v.is_floating_point():
+            sd[k] = (torch.randn(v.shape, generator=g) * 0.02).to(torch.float16)
+        else:  # position ids
+            sd[k] = torch.arange(v.shape[-1]).expand(v.shape).contiguous().to(v.dtype)
+    meta = {mte.META_KEY: json.dumps({"model_config": BIG_CLIP_L})}
+    save_file(sd, os.path.join(te_dir, BIG_CLIP_L_FILE), metadata=meta)
+    print(BIG_CLIP_L_FILE, os.path.getsize(os.path.join(te_dir, BIG_CLIP_L_FILE)), flush=True)
 
 
 if __name__ == "__main__":
