@@ -115,8 +115,11 @@ def lazy_core_quant_model(path: str, setting: str, dtype: torch.dtype | None) ->
 def not_streamable(
     net: nn.Module, keys: dict[str, str], parts: dict[str, tuple[str, ...]]
 ) -> str | None:
-    """Why ``net``'s tensors cannot all be read from the file(s) (None: they can)."""
+    """Why ``net``'s tensors cannot all be read from the file(s) (None: they can). A scalar
+    the file leaves to a layer's constructor gets the constructor's value first
+    (``constructor_scalars``)."""
     missing = [n for n in unsourced(net, [keys]) if n not in parts]
+    missing = constructor_scalars(net, missing)
     built = [n for n in subclasses_on_meta(net) if n not in parts]
     if built:
         return (
@@ -129,6 +132,33 @@ def not_streamable(
             f"(converted, or left to the constructor), e.g. {missing[0]}"
         )
     return None
+
+
+def constructor_scalars(net: nn.Module, names: list[str]) -> list[str]:
+    """Gives each scalar parameter of ``names`` that a Linear layer's constructor makes and the
+    file does not hold (v0.3.64's scaled-fp8 Linears make ``scale_weight`` / ``scale_input``
+    from their weight's device: on meta in a network built there) the value that constructor
+    gives it, read from one twin of the layer built on the CPU (the layer's own class, its
+    sizes: transient); returns the names still without a value."""
+    left = []
+    for name in names:
+        mname, _, attr = name.rpartition(".")
+        mod = net.get_submodule(mname)
+        t = mod._parameters.get(attr)
+        if t is None or t.numel() > 1 or not hasattr(mod, "in_features"):
+            left.append(name)
+            continue
+        try:
+            twin = type(mod)(mod.in_features, mod.out_features, bias=False, device="cpu")
+        except (RuntimeError, TypeError, ValueError):
+            left.append(name)
+            continue
+        value = getattr(twin, attr, None)
+        if not isinstance(value, torch.Tensor) or value.device.type == "meta":
+            left.append(name)
+            continue
+        mod._parameters[attr] = nn.Parameter(value.detach().clone(), requires_grad=False)
+    return left
 
 
 def subclasses_on_meta(net: nn.Module) -> list[str]:

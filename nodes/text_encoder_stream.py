@@ -232,7 +232,8 @@ def load_text_encoder(files: dict[str, str], clip_type: Any, model_options: dict
     if clip is None:
         log.warning(
             "ferry: %s needs ComfyUI's own conversion, so it is loaded whole into RAM; save it "
-            "in ComfyUI's plain layout (unquantized safetensors) to run it bigger than RAM",
+            "in ComfyUI's plain layout (safetensors, no key it transposes) to run "
+            "it bigger than RAM",
             ", ".join(p for p, _ in paths),
         )
         clip = _core_load_clip([p for p, _ in paths], clip_type, model_options, embeddings)

@@ -43,7 +43,8 @@ def header_state_dict(
     sd: dict[str, torch.Tensor] = {}
     with index:
         for key, st in index.entries.items():
-            if st.dtype.is_floating_point and not (read is not None and read(key)):
+            wanted = st.nbytes == 0 or (read is not None and read(key))  # empty: no bytes
+            if st.dtype.is_floating_point and not wanted:
                 sd[key] = torch.empty(st.shape, dtype=st.dtype, device=META)
             else:
                 sd[key] = index.read_stored(st).clone()

@@ -1,7 +1,7 @@
 """Writes tiny models in ComfyUI's own quantized formats, built with core's classes (issue 40):
 
 - ``ferry-q-wan-fp8scaled.safetensors``: a Wan 2.1 T2V (make_arch_models.py's tiny one) as
-  Comfy-Org's ``*_fp8_scaled`` files are: every Linear of the blocks in float8_e4m3fn with its
+  Comfy-Org's ``*_fp8_scaled`` files are: every Linear in float8_e4m3fn with its
   ``<layer>.scale_weight`` and the ``scaled_fp8`` marker;
 - ``ferry-q-wan-mixed.safetensors``: the same Wan as the ``fp8mixed`` files: some Linears fp8
   with ``<layer>.weight_scale`` and a ``<layer>.comfy_quant`` config, the others bf16;
@@ -69,8 +69,10 @@ def mixed(sd: dict[str, Any], under: str) -> dict[str, Any]:
 
 
 def mxfp8(sd: dict[str, Any], under: str) -> tuple[dict[str, Any], dict[str, str]] | None:
-    import comfy.quant_ops as q
-
+    try:
+        import comfy.quant_ops as q
+    except ImportError:  # v0.3.64: no comfy_quant at all
+        return None
     layout = getattr(q, "TensorCoreMXFP8Layout", None)
     if layout is None or "mxfp8" not in q.QUANT_ALGOS:
         return None
@@ -82,6 +84,23 @@ def mxfp8(sd: dict[str, Any], under: str) -> tuple[dict[str, Any], dict[str, str
         out[layer + ".weight_scale"] = params.scale.contiguous()
         layers[layer] = {"format": "mxfp8"}
     return out, {"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": layers})}
+
+
+def write_lora(path: str, sd: dict[str, Any], rank: int = 4) -> None:
+    """A LoRA on every Linear of the first two blocks (quantized ones and, in the mixed file,
+    bf16 ones), in ComfyUI's "diffusion_model." key form."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(13)
+    out = {}
+    for k in _linears(sd, "blocks.0.") + _linears(sd, "blocks.1."):
+        t, key = sd[k], "diffusion_model." + k[: -len(".weight")]
+        out[f"{key}.lora_up.weight"] = torch.randn(t.shape[0], rank, generator=g) * 0.05
+        out[f"{key}.lora_down.weight"] = torch.randn(rank, t.shape[1], generator=g) * 0.05
+        out[f"{key}.alpha"] = torch.tensor(float(rank))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    save_file(out, path)
 
 
 def wan_state_dict(comfy_dir: str, width: int = 128, layers: int = 2) -> dict[str, Any]:
@@ -107,12 +126,15 @@ def main(comfy_dir: str, models_dir: str, big_mb: int = 0) -> None:
     os.makedirs(dm, exist_ok=True)
     sd = {k: v.contiguous() for k, v in wan_state_dict(comfy_dir).items()}
     save_file(sd, os.path.join(dm, "ferry-q-wan.safetensors"))
-    save_file(fp8_scaled(sd, "blocks."), os.path.join(dm, "ferry-q-wan-fp8scaled.safetensors"))
+    # Every Linear (v0.3.64's scaled-fp8 ops give one the file leaves unscaled a scale of 1
+    # that only the constructor knows: such a file is loaded whole there).
+    save_file(fp8_scaled(sd, ""), os.path.join(dm, "ferry-q-wan-fp8scaled.safetensors"))
     save_file(mixed(sd, "blocks."), os.path.join(dm, "ferry-q-wan-mixed.safetensors"))
     mx = mxfp8(sd, "blocks.")
     if mx is not None:
         save_file(mx[0], os.path.join(dm, "ferry-q-wan-mxfp8.safetensors"), metadata=mx[1])
     print("wan:", sum(v.numel() for v in sd.values()), "values; mxfp8:", mx is not None)
+    write_lora(os.path.join(models_dir, "loras", "ferry-q-wan-lora.safetensors"), sd)
 
     te = os.path.join(models_dir, "text_encoders")
     pairs = [("ferry-tiny-t5xxl.safetensors", "ferry-q-t5-fp8scaled.safetensors")]
@@ -136,7 +158,7 @@ def main(comfy_dir: str, models_dir: str, big_mb: int = 0) -> None:
         for seed, name in ((11, "high"), (12, "low")):
             torch.manual_seed(seed)
             big = wan_state_dict(comfy_dir, width, layers)
-            big = {k: v.contiguous() for k, v in fp8_scaled(big, "blocks.").items()}
+            big = {k: v.contiguous() for k, v in fp8_scaled(big, "").items()}
             path = os.path.join(dm, f"ferry-q-wan-big-{name}.safetensors")
             save_file(big, path)
             del big

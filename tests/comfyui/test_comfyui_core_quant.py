@@ -108,6 +108,31 @@ def test_quantized_diffusion_model_streams_bit_equal(
     assert said(server, "loading it whole") == whole, server.log_tail()
 
 
+def lora() -> tuple[str, dict[str, Any]]:
+    return ("LoraLoaderModelOnly", {"lora_name": "ferry-q-wan-lora.safetensors",
+                                    "strength_model": 1.0})  # fmt: skip
+
+
+@pytest.mark.parametrize("name", MODELS[:2])
+def test_lora_on_a_quantized_model_before_and_after_ferry_equals_cores(
+    client: Client, server: Server, name: str
+) -> None:
+    seed = next(_seeds)
+
+    def at(chain: list[Any], prefix: str, loader: Any) -> torch.Tensor:
+        g = graph(chain, prefix, loader=loader, latent=LATENT, cond=COND, steps=2, seed=seed)
+        return run_ok(client, server, g)
+
+    want = at([lora()], f"{name}-lora-plain", unet(name))
+    assert not torch.equal(want, at([], f"{name}-nolora", unet(name)))  # the LoRA does something
+    for tier in ("ram", "disk"):
+        f = ferry(tier=tier)
+        for order, chain in (("before", [lora(), f]), ("after", [f, lora()])):
+            for which, loader in (("ferry", ferry_loader(name)), ("unet", unet(name))):
+                got = at(chain, f"{name}-lora-{order}-{which}-{tier}", loader)
+                assert torch.equal(got, want), (name, tier, order, which)
+
+
 def test_quantized_model_read_whole_without_ferry_offload(client: Client, server: Server) -> None:
     name = MODELS[0]
     seed = next(_seeds)
@@ -135,7 +160,14 @@ def test_fp8_scaled_t5_streams_bit_equal(
     assert said(server, "loading it whole") == whole, server.log_tail()
 
 
-def test_bad_file_is_named_before_work(client: Client, server: Server) -> None:
-    entry = client.run(graph([ferry()], "bad", loader=ferry_loader("nope.safetensors")))
+def test_a_truncated_quantized_file_is_named_before_work(client: Client, server: Server) -> None:
+    folder = server.base / "models" / "diffusion_models"
+    data = (folder / MODELS[0]).read_bytes()
+    (folder / "ferry-q-truncated.safetensors").write_bytes(data[: len(data) - 4096])
+    g = graph([ferry()], "bad", loader=ferry_loader("ferry-q-truncated.safetensors"),
+              latent=LATENT, cond=COND, steps=2)  # fmt: skip
+    entry = client.run(g)
     assert entry["status"]["status_str"] == "error"
-    assert "unet_name" in error_message(entry)
+    msg = error_message(entry)
+    assert msg.startswith("unet_name: ") or "unet_name: " in msg, msg
+    assert "ferry-q-truncated.safetensors" in msg, msg
