@@ -31,6 +31,7 @@ import comfy.model_patcher
 import comfy.utils
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..offload_core import ConfigError
 from ..offload_core.formats.safetensors import Header, read_checkpoint_header
@@ -277,11 +278,17 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
     lazy: Lazy = base.ferry_checkpoint
     pre = lazy.patch_prefix
     patches = patcher.patches
+    by_core: set[str] = set()  # quantized layers: core's own patch_weight_to_device per tensor
     for key in patches:
-        _, set_func, convert_func = comfy.model_patcher.get_key_weight(base, key)
-        if set_func is not None or convert_func is not None or not key.startswith(pre):
+        weight, set_func, convert_func = comfy.model_patcher.get_key_weight(base, key)
+        if not key.startswith(pre):
             materialize(base, patcher.offload_device)
             return None
+        if set_func is not None or convert_func is not None:
+            if not is_traceable_wrapper_subclass(weight):  # its scale a tensor of its own
+                materialize(base, patcher.offload_device)
+                return None
+            by_core.add(key)
 
     temp_dtype = comfy_core.lora_compute_dtype(device_to)
 
@@ -290,6 +297,8 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
         # in the dtype that core computes a LoRA in (lora_compute_dtype: float16 on most NVIDIA
         # cards since v0.4), rounded back with core's per-key seed.
         key = pre + name
+        if key in by_core:
+            return core_patched(patcher, key, weight, device_to)
         temp = mm.cast_to_device(weight, device_to, temp_dtype, copy=True)
         out = comfy.lora.calculate_weight(patches[key], temp, key)
         seed = comfy_core.string_to_seed(key)
@@ -297,6 +306,23 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
         return out.to("cpu")
 
     return lazy.open_stream(lazy.network(base), convert, lambda name: pre + name in patches)
+
+
+def core_patched(patcher: Any, key: str, weight: torch.Tensor, device_to: torch.device) -> Any:
+    """Core's own ``ModelPatcher.patch_weight_to_device(key, return_weight=True)`` on
+    ``weight``, a quantized layer's weight just read from the file (a ``QuantizedTensor``
+    holding its scales), put in the layer's place for the call: core dequantizes it
+    (``convert_func``), computes the patch in its LoRA dtype and quantizes the result again
+    (``set_func``, its per-key seed), as its own load computes it; no backup (the file is)."""
+    owner_name, _, attr = key.rpartition(".")
+    owner = patcher.model.get_submodule(owner_name)
+    held = owner._parameters[attr]
+    owner._parameters[attr] = nn.Parameter(weight, requires_grad=False)
+    try:
+        out = patcher.patch_weight_to_device(key, device_to=device_to, return_weight=True)
+    finally:
+        owner._parameters[attr] = held
+    return out.to("cpu")
 
 
 def unstreamed_patches(patcher: Any, weights: CheckpointWeights) -> list[str]:

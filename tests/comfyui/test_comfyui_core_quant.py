@@ -133,12 +133,16 @@ def test_lora_on_a_quantized_model_before_and_after_ferry_equals_cores(
 
     want = at([lora()], f"{name}-lora-plain", unet(name))
     assert not torch.equal(want, at([], f"{name}-nolora", unet(name)))  # the LoRA does something
+    whole = said(server, "whole (no Ferry offload node")
     for tier in ("ram", "disk"):
         f = ferry(tier=tier)
         for order, chain in (("before", [lora(), f]), ("after", [f, lora()])):
             for which, loader in (("ferry", ferry_loader(name)), ("unet", unet(name))):
                 got = at(chain, f"{name}-lora-{order}-{which}-{tier}", loader)
                 assert torch.equal(got, want), (name, tier, order, which)
+    # Ferry's loader streamed the patched layers (core's patch per tensor as it is read): the
+    # model was never read whole for the LoRA.
+    assert said(server, "whole (no Ferry offload node") == whole, server.log_tail()
 
 
 def test_quantized_model_read_whole_without_ferry_offload(client: Client, server: Server) -> None:

@@ -48,6 +48,7 @@ from tests import cgroup_limit
 MB = 1 << 20
 LIMIT = 1000 * MB
 EXPERT_MB = 560
+OFF_EXTRA: dict[str, Any] = {}
 HIGH, LOW = "ferry-q-wan-big-high.safetensors", "ferry-q-wan-big-low.safetensors"
 T5 = "ferry-q-t5-big-fp8scaled.safetensors"
 LATENT = ("EmptyHunyuanLatentVideo", {"width": 32, "height": 32, "length": 1, "batch_size": 1})
@@ -59,7 +60,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def wan22_graph(prefix: str, with_ferry: bool, seed: int = 3) -> dict[str, Any]:
-    off = ferry(tier="disk", prefetch_depth=1)[1]
+    off = ferry(tier="disk", prefetch_depth=1, **OFF_EXTRA)[1]
     g: dict[str, Any] = {}
 
     def model(nid: str, name: str) -> list[Any]:
