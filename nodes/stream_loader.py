@@ -280,12 +280,12 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
     patches = patcher.patches
     by_core: set[str] = set()  # quantized layers: core's own patch_weight_to_device per tensor
     for key in patches:
-        weight, set_func, convert_func = comfy.model_patcher.get_key_weight(base, key)
+        _, set_func, convert_func = comfy.model_patcher.get_key_weight(base, key)
         if not key.startswith(pre):
             materialize(base, patcher.offload_device)
             return None
         if set_func is not None or convert_func is not None:
-            if not is_traceable_wrapper_subclass(weight):  # its scale a tensor of its own
+            if _needs_other_tensors(base, key):  # v0.3.64's scale_weight beside the weight
                 materialize(base, patcher.offload_device)
                 return None
             by_core.add(key)
@@ -306,6 +306,22 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
         return out.to("cpu")
 
     return lazy.open_stream(lazy.network(base), convert, lambda name: pre + name in patches)
+
+
+def _needs_other_tensors(base: Any, key: str) -> bool:
+    """Whether the layer holding ``key`` keeps more of its weight's value in tensors still in
+    the file (on meta) than the weight itself (a bias aside): core's ``set_func`` /
+    ``convert_func`` would read them (v0.3.64's scaled-fp8 ``scale_weight``). A layer whose
+    quantized weight holds its own scales (a ``QuantizedTensor``) does not."""
+    owner_name, _, attr = key.rpartition(".")
+    owner = base.get_submodule(owner_name)
+    weight = owner._parameters.get(attr)
+    if weight is not None and is_traceable_wrapper_subclass(weight):
+        return False
+    return any(
+        t is not None and name not in (attr, "bias") and t.device.type == "meta"
+        for name, t in owner._parameters.items()
+    )
 
 
 def core_patched(patcher: Any, key: str, weight: torch.Tensor, device_to: torch.device) -> Any:
