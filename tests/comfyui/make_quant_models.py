@@ -15,7 +15,7 @@
 ``--big N``: ``ferry-q-wan-big-{high,low}.safetensors`` (two fp8_scaled experts of about N MB
 each, Wan 2.2's pair), ``ferry-q-t5-big-fp8scaled.safetensors`` (the big T5 of
 make_text_encoders.py --big, fp8_scaled) and ``ferry-big-clip-l.safetensors`` (a CLIP-L of
-about 400 MB in float16, the smaller file of a big dual load).
+about 950 MB in float16, the smaller file of a big dual load).
 
     python make_quant_models.py <comfyui checkout> <models dir> [--big N]
 """
@@ -166,11 +166,12 @@ def main(comfy_dir: str, models_dir: str, big_mb: int = 0) -> None:
         big_clip_l(te)
 
 
-#: A CLIP-L of about 400 MB in float16 (core detects CLIP_L below 23 layers): the smaller
-#: file of the big dual load (CLIP-L + the big T5, DualCLIPLoader type flux).
+#: A CLIP-L of about 950 MB in float16 (core detects CLIP_L below 23 layers): the smaller
+#: file of the big dual load (CLIP-L + the big T5, DualCLIPLoader type flux), bigger than the
+#: dual limit's headroom.
 BIG_CLIP_L = {
-    "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16,
-    "num_hidden_layers": 16, "projection_dim": 1024,
+    "hidden_size": 1280, "intermediate_size": 5120, "num_attention_heads": 20,
+    "num_hidden_layers": 21, "projection_dim": 1280,
 }  # fmt: skip
 BIG_CLIP_L_FILE = "ferry-big-clip-l.safetensors"
 
