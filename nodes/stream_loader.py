@@ -325,7 +325,7 @@ def _needs_other_tensors(base: Any, key: str) -> bool:
 
 
 def core_patched(patcher: Any, key: str, weight: torch.Tensor, device_to: torch.device) -> Any:
-    """Core's own ``ModelPatcher.patch_weight_to_device(key, return_weight=True)`` on
+    """Core's own ``ModelPatcher.patch_weight_to_device`` (``comfy_core.patched_weight``) on
     ``weight``, a quantized layer's weight just read from the file (a ``QuantizedTensor``
     holding its scales), put in the layer's place for the call: core dequantizes it
     (``convert_func``), computes the patch in its LoRA dtype and quantizes the result again
@@ -335,7 +335,7 @@ def core_patched(patcher: Any, key: str, weight: torch.Tensor, device_to: torch.
     held = owner._parameters[attr]
     owner._parameters[attr] = nn.Parameter(weight, requires_grad=False)
     try:
-        out = patcher.patch_weight_to_device(key, device_to=device_to, return_weight=True)
+        out = comfy_core.patched_weight(patcher, key, device_to)
     finally:
         owner._parameters[attr] = held
     return out.to("cpu")
