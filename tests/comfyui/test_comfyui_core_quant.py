@@ -141,8 +141,12 @@ def test_lora_on_a_quantized_model_before_and_after_ferry_equals_cores(
                 got = at(chain, f"{name}-lora-{order}-{which}-{tier}", loader)
                 assert torch.equal(got, want), (name, tier, order, which)
     # Ferry's loader streamed the patched layers (core's patch per tensor as it is read): the
-    # model was never read whole for the LoRA.
-    assert said(server, "whole (no Ferry offload node") == whole, server.log_tail()
+    # model was never read whole for the LoRA. v0.3.64's scaled-fp8 layers keep their scale in
+    # a tensor of their own, which core's patch reads: the model is read whole there.
+    if HAS_COMFY_QUANT:
+        assert said(server, "whole (no Ferry offload node") == whole, server.log_tail()
+    else:
+        assert said(server, "whole (no Ferry offload node", within_s=30) > whole
 
 
 def test_quantized_model_read_whole_without_ferry_offload(client: Client, server: Server) -> None:
