@@ -19,6 +19,7 @@ lazy: ``lazy_diffusion_model`` returns None and the caller loads it whole, sayin
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -291,6 +292,9 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
             by_core.add(key)
 
     temp_dtype = comfy_core.lora_compute_dtype(device_to)
+    # The layout keeps ``convert``: a strong reference to the patcher would make a cycle that
+    # keeps a dropped model (and its layout) alive until the garbage collector runs.
+    owner = weakref.ref(patcher)
 
     def convert(name: str, weight: torch.Tensor) -> torch.Tensor:
         # ModelPatcher.patch_weight_to_device, without the backup copy (the file is the backup):
@@ -298,7 +302,9 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
         # cards since v0.4), rounded back with core's per-key seed.
         key = pre + name
         if key in by_core:
-            return core_patched(patcher, key, weight, device_to)
+            held = owner()
+            assert held is not None, "the patcher laying its model out is alive"
+            return core_patched(held, key, weight, device_to)
         temp = mm.cast_to_device(weight, device_to, temp_dtype, copy=True)
         out = comfy.lora.calculate_weight(patches[key], temp, key)
         seed = comfy_core.string_to_seed(key)
