@@ -46,6 +46,22 @@ def lora_compute_dtype(device: torch.device) -> torch.dtype:
     return fn(device) if callable(fn) else torch.float32
 
 
+def patched_weight(patcher: Any, key: str, device_to: torch.device) -> Any:
+    """The weight of ``key`` with its patches, as ``ModelPatcher.patch_weight_to_device``
+    computes it, returned rather than kept: ``return_weight=True`` where core has it (v0.33);
+    before, core sets it on the model (and backs up the original): the result is read from
+    the model and the backup it made dropped (the caller puts its own tensor back)."""
+    fn = patcher.patch_weight_to_device
+    if "return_weight" in inspect.signature(fn).parameters:
+        return fn(key, device_to=device_to, return_weight=True)
+    had_backup = key in patcher.backup
+    fn(key, device_to=device_to)
+    out = comfy.utils.get_attr(patcher.model, key)
+    if not had_backup:
+        patcher.backup.pop(key, None)
+    return out
+
+
 def set_inference_dtype(config: Any, dtype: Any, manual_cast: Any, device: torch.device) -> None:
     """As ``load_diffusion_model_state_dict`` sets it (v0.33 passes the load device: some model
     configs choose their cast from it)."""

@@ -107,8 +107,8 @@ def load_in_place(path: str, weight_dtype: str) -> Any:
     model = lazy_diffusion_model(path, weight_dtype)
     if model is None:
         log.warning(
-            "ferry: %s needs ComfyUI's own conversion (a diffusers layout or ComfyUI's "
-            "quantized formats), so it is loaded whole into RAM; save it in ComfyUI's plain "
+            "ferry: %s needs ComfyUI's own conversion (a diffusers layout, or a layer ComfyUI "
+            "changes on the way), so it is loaded whole into RAM; save it in ComfyUI's plain "
             "layout to run it bigger than RAM",
             path,
         )

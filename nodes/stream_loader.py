@@ -9,15 +9,17 @@ checkpoint is the source of truth (``base.ferry_checkpoint``):
   LoRA patches computed per tensor as ``ModelPatcher.patch_weight_to_device`` computes them;
 - any other load (no Ferry Offload Model after the loader) first reads the model whole
   (``materialize``), as UNETLoader would have.
-A file ComfyUI must convert (a diffusers layout, or its own quantized formats: legacy
-``scaled_fp8`` and ``comfy_quant``, which ``comfy.utils.convert_old_quants`` and the file's
-``_quantization_metadata`` turn into mixed-precision layers) is not lazy:
-``lazy_diffusion_model`` returns None and the caller loads it whole, saying so.
+Files in core's own quantized formats (legacy ``scaled_fp8`` and ``comfy_quant``) are built
+by core's own conversion and ops classes on meta (core_quant_stream.py): each tensor, and each
+inner tensor of a ``QuantizedTensor``, waits in the file under the key core took it from.
+A file ComfyUI must convert in RAM (a diffusers layout, a quantized tensor core repacks) is not
+lazy: ``lazy_diffusion_model`` returns None and the caller loads it whole, saying so.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,13 +32,16 @@ import comfy.model_patcher
 import comfy.utils
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..offload_core import ConfigError
 from ..offload_core.formats.safetensors import Header, read_checkpoint_header
 from ..offload_core.quant.group_stream import QuantizedStream
+from ..offload_core.sources.checkpoint import CheckpointIndex
 from ..offload_core.sources.checkpoint_stream import CheckpointWeights, Converter
 from . import comfy_core
 from .config import NodeInputError
+from .core_quant_stream import lazy_core_quant_model
 
 log = logging.getLogger("ferry")
 WIDGET = "unet_name"
@@ -64,6 +69,10 @@ class LazyCheckpoint:
     path: str
     prefix: str
     quant: QuantizedStream | None = None
+    #: core's quantized formats: each tensor's file key as core's loader took it (None: the
+    #: model's names under ``prefix``), and each QuantizedTensor's inner tensors' keys
+    keys: dict[str, str] | None = None
+    parts: dict[str, tuple[str, ...]] | None = None
     patch_prefix = DM  # a MODEL patcher's patch keys: the BaseModel's names
 
     def network(self, base: Any) -> nn.Module:
@@ -78,6 +87,9 @@ class LazyCheckpoint:
         """The file as ``dm``'s source: ``convert`` (a LoRA), then the quantization."""
         if self.quant is not None:
             convert, changed = self.quant.after(convert, changed)
+        if self.keys is not None:
+            index = CheckpointIndex.open(self.path, WIDGET)
+            return CheckpointWeights(index, self.keys, "", convert, changed, self.parts)
         return CheckpointWeights.open(
             self.path, dm, prefix=self.prefix, setting=WIDGET, convert=convert, changed=changed
         )
@@ -182,8 +194,7 @@ def lazy_diffusion_model(
     sd, metadata = meta_state_dict(header), header.metadata
     quant_format = core_quant_format(sd, metadata)
     if quant_format is not None:
-        _not_lazy(path, f"ComfyUI's {quant_format} format, which its loader converts")
-        return None
+        return _lazy_core_quant(path, quant_format, weight_dtype, quantize)
     prefix = comfy.model_detection.unet_prefix_from_state_dict(sd)
     stripped = comfy.utils.state_dict_prefix_replace(sd, {prefix: ""}, filter_keys=True)
     if stripped:
@@ -205,6 +216,36 @@ def lazy_diffusion_model(
         return None
     quant = None if quantize is None else quantize(base.diffusion_model)
     base.ferry_checkpoint = LazyCheckpoint(path, prefix, quant)
+    return comfy.model_patcher.ModelPatcher(
+        base, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device()
+    )
+
+
+def _lazy_core_quant(
+    path: str,
+    quant_format: str,
+    weight_dtype: str,
+    quantize: Callable[[nn.Module], QuantizedStream] | None,
+) -> Any | None:
+    """A file in core's ``quant_format``, built on meta by core's own conversion and ops."""
+    if quantize is not None:  # a torchao preset on a quantized file: refused by its caller
+        _not_lazy(path, f"ComfyUI's {quant_format} format is already quantized")
+        return None
+    try:
+        built = lazy_core_quant_model(path, WIDGET, WEIGHT_DTYPES[weight_dtype])
+    except ConfigError as e:
+        raise NodeInputError(WIDGET, str(e).removeprefix(f"{WIDGET}: ")) from None
+    if isinstance(built, str):
+        _not_lazy(path, f"ComfyUI's {quant_format} format: {built}")
+        return None
+    base, keys, parts = built
+    base.ferry_checkpoint = LazyCheckpoint(path, "", None, keys, parts)
+    log.info(
+        "ferry: %s (ComfyUI's %s format) stays in its file: %d quantized layers streamed as stored",
+        path,
+        quant_format,
+        len(parts),
+    )
     return comfy.model_patcher.ModelPatcher(
         base, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device()
     )
@@ -238,19 +279,32 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
     lazy: Lazy = base.ferry_checkpoint
     pre = lazy.patch_prefix
     patches = patcher.patches
+    by_core: set[str] = set()  # quantized layers: core's own patch_weight_to_device per tensor
     for key in patches:
         _, set_func, convert_func = comfy.model_patcher.get_key_weight(base, key)
-        if set_func is not None or convert_func is not None or not key.startswith(pre):
+        if not key.startswith(pre):
             materialize(base, patcher.offload_device)
             return None
+        if set_func is not None or convert_func is not None:
+            if _needs_other_tensors(base, key):  # v0.3.64's scale_weight beside the weight
+                materialize(base, patcher.offload_device)
+                return None
+            by_core.add(key)
 
     temp_dtype = comfy_core.lora_compute_dtype(device_to)
+    # The layout keeps ``convert``: a strong reference to the patcher would make a cycle that
+    # keeps a dropped model (and its layout) alive until the garbage collector runs.
+    owner = weakref.ref(patcher)
 
     def convert(name: str, weight: torch.Tensor) -> torch.Tensor:
         # ModelPatcher.patch_weight_to_device, without the backup copy (the file is the backup):
         # in the dtype that core computes a LoRA in (lora_compute_dtype: float16 on most NVIDIA
         # cards since v0.4), rounded back with core's per-key seed.
         key = pre + name
+        if key in by_core:
+            held = owner()
+            assert held is not None, "the patcher laying its model out is alive"
+            return core_patched(held, key, weight, device_to)
         temp = mm.cast_to_device(weight, device_to, temp_dtype, copy=True)
         out = comfy.lora.calculate_weight(patches[key], temp, key)
         seed = comfy_core.string_to_seed(key)
@@ -258,6 +312,39 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
         return out.to("cpu")
 
     return lazy.open_stream(lazy.network(base), convert, lambda name: pre + name in patches)
+
+
+def _needs_other_tensors(base: Any, key: str) -> bool:
+    """Whether the layer holding ``key`` keeps more of its weight's value in tensors still in
+    the file (on meta) than the weight itself (a bias aside): core's ``set_func`` /
+    ``convert_func`` would read them (v0.3.64's scaled-fp8 ``scale_weight``). A layer whose
+    quantized weight holds its own scales (a ``QuantizedTensor``) does not."""
+    owner_name, _, attr = key.rpartition(".")
+    owner = base.get_submodule(owner_name)
+    weight = owner._parameters.get(attr)
+    if weight is not None and is_traceable_wrapper_subclass(weight):
+        return False
+    return any(
+        t is not None and name not in (attr, "bias") and t.device.type == "meta"
+        for name, t in owner._parameters.items()
+    )
+
+
+def core_patched(patcher: Any, key: str, weight: torch.Tensor, device_to: torch.device) -> Any:
+    """Core's own ``ModelPatcher.patch_weight_to_device`` (``comfy_core.patched_weight``) on
+    ``weight``, a quantized layer's weight just read from the file (a ``QuantizedTensor``
+    holding its scales), put in the layer's place for the call: core dequantizes it
+    (``convert_func``), computes the patch in its LoRA dtype and quantizes the result again
+    (``set_func``, its per-key seed), as its own load computes it; no backup (the file is)."""
+    owner_name, _, attr = key.rpartition(".")
+    owner = patcher.model.get_submodule(owner_name)
+    held = owner._parameters[attr]
+    owner._parameters[attr] = nn.Parameter(weight, requires_grad=False)
+    try:
+        out = comfy_core.patched_weight(patcher, key, device_to)
+    finally:
+        owner._parameters[attr] = held
+    return out.to("cpu")
 
 
 def unstreamed_patches(patcher: Any, weights: CheckpointWeights) -> list[str]:

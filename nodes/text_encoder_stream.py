@@ -7,15 +7,19 @@ given each file's tensors as meta tensors (from the safetensors header: nothing 
 read but its small non-float tensors, such as a tokenizer blob core reads at build), detects
 the encoder kind from them, builds the CLIP (``initial_device`` meta: no weight is allocated)
 and hands each tensor to the encoder it belongs to, through its own key renames. Which file
-tensor each parameter got is seen, not guessed (offload_core/sources/load_trace.py). A tensor
-core replaced on the way (a transpose, a conversion) is not the file's, so that file cannot
-stay in it: ``lazy_clip`` returns None and the caller loads the CLIP whole, saying so, as the
-diffusion loader does for files core converts (its quantized formats).
+tensor each parameter got is seen, not guessed (offload_core/sources/load_trace.py). Files in
+core's own quantized formats (``fp8_scaled``, ``comfy_quant``) go through core's
+``convert_old_quants`` first, as ``load_clip`` does, and core's ops build each quantized layer's
+``QuantizedTensor`` on meta: its inner tensors (fp8 data, scales) are traced to their keys too
+(core_quant_stream.py). A tensor core replaced on the way (a transpose, a cast it does itself)
+is not the file's, so that file cannot stay in it: ``lazy_clip`` returns None and the caller
+loads the CLIP whole, saying so.
 
-With Ferry Offload Text Encoder after the loader, the largest file is the layout's source
-(every group of its encoder read straight from it); the other files (a CLIP-L beside a T5)
-are read whole when the layout is built. With any other node after it, every file is read
-whole first (``materialize``): the same CLIP as CLIPLoader's.
+With Ferry Offload Text Encoder after the loader, every file is the layout's source for its
+own encoder's tensors (``CheckpointSet``: a T5 and a CLIP-L, HiDream's four encoders, each read
+group by group from its file, the disk tier reading unchanged groups straight from it). With
+any other node after it, every file is read whole first (``materialize``): the same CLIP as
+CLIPLoader's.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import inspect
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import comfy.sd
@@ -35,13 +39,13 @@ from torch import nn
 from ..offload_core import ConfigError
 from ..offload_core.model import meta_build
 from ..offload_core.sources.checkpoint import CheckpointIndex
-from ..offload_core.sources.checkpoint_stream import CheckpointWeights, Converter
-from ..offload_core.sources.load_trace import LoadTrace, header_state_dict, unsourced
+from ..offload_core.sources.checkpoint_stream import CheckpointSet, CheckpointWeights, Converter
+from ..offload_core.sources.load_trace import LoadTrace, header_state_dict
 from ..seam.site import TEXT_ENCODER
 from .config import NodeInputError
+from .core_quant_stream import convert_quants, not_streamable, reads_value
 from .dynamic import give_lazy_layers_meta_weights
 from .patcher import ferry_patcher
-from .stream_loader import core_quant_format
 
 log = logging.getLogger("ferry")
 META = torch.device("meta")
@@ -55,12 +59,14 @@ class EncoderFile:
     path: str
     setting: str  # the widget that chose it (errors name it)
     keys: dict[str, str]  # network name -> file key
+    #: network name of a QuantizedTensor -> the file keys of its inner tensors
+    parts: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def weights(
         self, convert: Converter | None = None, changed: Callable[[str], bool] | None = None
     ) -> CheckpointWeights:
         index = CheckpointIndex.open(self.path, self.setting)
-        return CheckpointWeights(index, self.keys, "", convert, changed)
+        return CheckpointWeights(index, self.keys, "", convert, changed, self.parts)
 
     @property
     def nbytes(self) -> int:
@@ -69,19 +75,16 @@ class EncoderFile:
 
 @dataclass(frozen=True)
 class LazyTextEncoder:
-    """Where a lazy CLIP's encoder tensors are (``cond_stage_model.ferry_checkpoint``): the
-    largest file streams into Ferry's layout, the others are read whole when it is built."""
+    """Where a lazy CLIP's encoder tensors are (``cond_stage_model.ferry_checkpoint``): each
+    file is the source of its own tensors."""
 
     files: tuple[EncoderFile, ...]
     patch_prefix = ""  # a CLIP patcher's patch keys are the network's own names
 
     @property
-    def streamed(self) -> EncoderFile:
-        return max(self.files, key=lambda f: f.nbytes)
-
-    @property
     def path(self) -> str:
-        return self.streamed.path
+        """The largest file (the one the log names)."""
+        return max(self.files, key=lambda f: f.nbytes).path
 
     def network(self, base: Any) -> nn.Module:
         return base  # a CLIP patcher's model is the text encoder itself
@@ -92,8 +95,10 @@ class LazyTextEncoder:
         convert: Converter | None = None,
         changed: Callable[[str], bool] | None = None,
     ) -> CheckpointWeights:
-        """The streamed file as the layout's source."""
-        return self.streamed.weights(convert, changed)
+        """Every file as the layout's source, each of its own tensors."""
+        if len(self.files) == 1:
+            return self.files[0].weights(convert, changed)
+        return CheckpointSet([f.weights() for f in self.files], convert, changed)
 
     def open_stream(
         self,
@@ -101,11 +106,7 @@ class LazyTextEncoder:
         convert: Converter | None = None,
         changed: Callable[[str], bool] | None = None,
     ) -> CheckpointWeights:
-        """The other files read whole (on the CPU), then the streamed one as the source."""
-        for f in self.files:
-            if f is not self.streamed:
-                log.info("ferry: reading %s whole (beside the streamed %s)", f.path, self.path)
-                _read_whole(f, net, torch.device("cpu"))
+        """The files as the source of a Ferry layout (nothing to read first)."""
         return self.weights(net, convert, changed)
 
     def materialize(self, net: nn.Module, device: torch.device) -> None:
@@ -115,7 +116,7 @@ class LazyTextEncoder:
 
 def _read_whole(f: EncoderFile, net: nn.Module, device: torch.device) -> None:
     """Every tensor of ``f`` still on meta, read onto ``device``."""
-    f.weights().materialize(net, device, only=f.keys.__contains__)
+    f.weights().materialize(net, device, only=lambda n: n in f.keys or n in f.parts)
 
 
 def _with_plain_patcher(load: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -168,32 +169,38 @@ def lazy_clip(
             index = CheckpointIndex.open(path, setting)
         except ConfigError as e:
             raise NodeInputError(setting, str(e).removeprefix(f"{setting}: ")) from None
-        quant = core_quant_format(index.entries, index.header.metadata)
-        if quant is not None:
-            return _not_lazy(path, f"ComfyUI's {quant} format, which its loader converts")
         if not path.endswith(".safetensors"):
             return _not_lazy(path, "not a safetensors file")
         indexes.append(index)
-    trace = LoadTrace([header_state_dict(index) for index in indexes])
+    originals = [header_state_dict(index, read=reads_value) for index in indexes]
+    sds = [dict(sd) for sd in originals]
+    if model_options.get("custom_operations") is None:  # as load_clip converts them
+        sds = [convert_quants(sd, dict(i.header.metadata))[0] for sd, i in zip(sds, indexes)]
+    trace = LoadTrace(originals)
     built: list[Any] = []
     try:
         with trace:
             options = {**model_options, "initial_device": META}
-            built.append(_core_build(trace.state_dicts, clip_type, options, embedding_directory))
+            built.append(_core_build(sds, clip_type, options, embedding_directory))
         net: nn.Module = built[0].cond_stage_model
         keys = trace.sources(net)
+        parts = trace.inner_sources(net)
         meta_build.settle_on_meta(net, set().union(*keys))
     except (RuntimeError, NotImplementedError, TypeError, ValueError, ConfigError) as e:
         return _not_lazy(paths[0][0], str(e))
     give_lazy_layers_meta_weights(net)
-    missing = unsourced(net, keys)
-    if missing:
-        return _not_lazy(
-            paths[0][0],
-            f"{len(missing)} tensors core did not take verbatim from the file "
-            f"(converted, or left to the constructor), e.g. {missing[0]}",
-        )
-    files = tuple(EncoderFile(path, setting, k) for (path, setting), k in zip(paths, keys) if k)
+    why = not_streamable(net, {k: v for k_ in keys for k, v in k_.items()},
+                         {k: v for p in parts for k, v in p.items()})  # fmt: skip
+    if why is not None:
+        return _not_lazy(paths[0][0], why)
+    files = tuple(
+        EncoderFile(path, setting, k, p)
+        for (path, setting), k, p in zip(paths, keys, parts)
+        if k or p
+    )
+    quant = [f.path for f in files if f.parts]
+    if quant:
+        log.info("ferry: %s (ComfyUI's quantized formats) stay in their files", ", ".join(quant))
     net.ferry_checkpoint = LazyTextEncoder(files)  # type: ignore[assignment]
     return built[0]
 
@@ -225,7 +232,8 @@ def load_text_encoder(files: dict[str, str], clip_type: Any, model_options: dict
     if clip is None:
         log.warning(
             "ferry: %s needs ComfyUI's own conversion, so it is loaded whole into RAM; save it "
-            "in ComfyUI's plain layout (unquantized safetensors) to run it bigger than RAM",
+            "in ComfyUI's plain layout (safetensors, no key it transposes) to run "
+            "it bigger than RAM",
             ", ".join(p for p, _ in paths),
         )
         clip = _core_load_clip([p for p, _ in paths], clip_type, model_options, embeddings)

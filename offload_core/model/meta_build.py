@@ -9,7 +9,8 @@ initialised: it looks built, so its weights were never read from the file. Both 
 ComfyUI core's networks (Cosmos' position embedder, HunyuanVideo 1.5's ``cond_type_embedding``).
 
 So the host's constructor runs as the host runs it (on the CPU), while each
-parameter is put on meta as it is registered (``register_module_parameter_registration_hook``,
+parameter (but a scalar: ComfyUI's scaled-fp8 Linears make a ``scale_weight`` of 1 that a
+file may not hold) is put on meta as it is registered (``register_module_parameter_registration_hook``,
 for this thread only: a parameter's CPU tensor lives only until it is registered, so the model
 is never in RAM). Then every persistent tensor the checkpoint holds goes on meta, whatever
 device it was built on: the file is its value, as ``load_state_dict`` would copy it in.
@@ -43,8 +44,9 @@ def build_on_meta(build: Callable[[torch.device | None], M], stored: Container[s
     def to_meta(module: nn.Module, name: str, param: nn.Parameter) -> nn.Parameter | None:
         if threading.get_ident() != builder or type(param) is not nn.Parameter:
             return None  # another thread's module, or a tensor subclass: as built
-        if param.device == META:
-            return None
+        if param.device == META or param.numel() <= 1:
+            return None  # a scalar (a scale the file may not hold): its value kept, until
+            # settle_on_meta puts it on meta if the file holds it
         return nn.Parameter(_on_meta(param), requires_grad=param.requires_grad)
 
     # Its docstring: "hook(module, name, param) -> None or new parameter"; typed as -> None.

@@ -25,6 +25,7 @@ from ..transfer.backend import Backend
 from ..transfer.buffers import Slot
 from ..transfer.copies import Transfers
 from .group import GroupRuntime
+from .memory import HeapTrimmer
 from .schedule import Phase, Planned, Schedule
 from .stats import Counters
 
@@ -71,6 +72,10 @@ class Engine:
             read_threads,
         )
         self._ids = {id(g): i for i, g in enumerate(groups)}  # a group's number in the schedule
+        #: The forward's own temporaries (a quantized layer's weight dequantized per call, on
+        #: a CPU) stay in the C heap once a large free has raised glibc's mmap threshold: a
+        #: trim as groups finish hands them back, so RAM holds about one group's, not all.
+        self._trimmer = HeapTrimmer()
         self.inflight: dict[int, Load] = {}  # by step: the loads the schedule planned
         #: The load computing now: its group and the slot its tensors point into, which
         #: ``_release_current`` gives back. Not the schedule's ``current`` (the same region,
@@ -208,6 +213,7 @@ class Engine:
             self.transfers.slot_done(load.slot)
             load.group.to_host()
         load.group.source.release()  # a mapped group's pages go (its forward has returned)
+        self._trimmer.freed(load.group.spec.nbytes)
 
     def _drop(self, planned: list[Planned]) -> None:
         """Loads that will not be used. Reads still running finish first: their regions

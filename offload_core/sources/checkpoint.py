@@ -141,11 +141,19 @@ class CheckpointIndex:
         """The checked plan of reading a verbatim group (its tensors under ``keys``) from the
         file into its slab; the CRC32s are those of ``packed``, the slab as the model holds
         it. ``direct``: with an O_DIRECT descriptor beside ([Note: the window read])."""
-        spans = [
-            (self.entries[k].start, e.parts[0].offset, e.parts[0].nbytes)
-            for k, e in zip(keys, entries)
-        ]
-        return open_plan(self.path, checksummed(spans, byte_view(packed)), False, direct)
+        return self.read_plan_spans(
+            [(k, e.parts[0].offset, e.parts[0].nbytes) for k, e in zip(keys, entries)],
+            packed,
+            direct,
+        )
+
+    def read_plan_spans(
+        self, spans: list[tuple[str, int, int]], packed: torch.Tensor, direct: bool
+    ) -> ReadPlan:
+        """``read_plan`` from (key, offset in the slab, bytes) spans: a tensor subclass's
+        inner tensors are each a span of their own."""
+        at = [(self.entries[k].start, off, n) for k, off, n in spans]
+        return open_plan(self.path, checksummed(at, byte_view(packed)), False, direct)
 
     def read_plan_if_same(
         self, keys: list[str], entries: list[Entry], packed: torch.Tensor, direct: bool

@@ -66,8 +66,7 @@ class CheckpointOrigin:
     ) -> ReadPlan | None:
         if not verbatim:
             return None
-        keys = self.weights.group_keys(spec)
-        return _verified(self.weights.index.read_plan(keys, spec.entries, packed, direct))
+        return _verified(self.weights.read_plan(spec, packed, direct))
 
     # -- repair: the checkpoint is the source of truth (disk/repair.py) ------------------------
     def has_truth(self, spec: GroupSpec) -> bool:
@@ -80,7 +79,7 @@ class CheckpointOrigin:
                 self.weights.fill_entry(e, buf)
 
     def truth_name(self) -> str:
-        return self.weights.path.name
+        return self.weights.name
 
     # -- the tensors outside the groups --------------------------------------------------------
     def place_outside(self, model: nn.Module, plan: OffloadPlan) -> None:

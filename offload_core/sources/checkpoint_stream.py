@@ -7,18 +7,25 @@ are already the model's (``Stored.VERBATIM``), else read, cast (``copy_``, as
 ``load_state_dict`` casts) and passed through ``convert`` (a baked LoRA, a quantization:
 ``Stored.CONVERTED``). Everything about the file is checked when it is opened, before any
 weight moves.
+
+A tensor subclass the host's loader built around stored tensors (ComfyUI's ``QuantizedTensor``:
+fp8 data, its scale, NVFP4/MXFP8 block scales) has one file key per inner tensor (``parts``):
+each inner tensor is read verbatim into its place in the slab, and the subclass is rebuilt
+around them (``Entry.build``), as the host's loader built it.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import ExitStack
 from types import TracebackType
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from ..disk.plan import ReadPlan
 from ..errors import ConfigError
 from ..formats.safetensors import StoredTensor, byte_view
 from ..model.grouping import GroupSpec
@@ -40,6 +47,7 @@ class CheckpointWeights:
         prefix: str = "",
         convert: Converter | None = None,
         changed: Callable[[str], bool] | None = None,
+        parts: dict[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.index = index
         self.path = index.path
@@ -48,6 +56,9 @@ class CheckpointWeights:
         self.setting = index.setting
         self.convert = convert
         self.changed = changed or (lambda name: False)
+        #: model name of a tensor subclass -> the file key of each inner tensor, in the order
+        #: of its ``__tensor_flatten__`` names (each stored as the subclass holds it)
+        self.parts = parts or {}
 
     @classmethod
     def open(
@@ -100,6 +111,10 @@ class CheckpointWeights:
 
     def stored(self, entry: Entry) -> Stored | None:
         """How the entry's tensor is had from the file (None: it is not in it)."""
+        if entry.qualname in self.parts:
+            if self.changed(entry.qualname):
+                return Stored.CONVERTED
+            return Stored.VERBATIM if self._parts_verbatim(entry) else None
         key = self.keys.get(entry.qualname)
         if key is None:
             return None
@@ -114,8 +129,37 @@ class CheckpointWeights:
             e.current().device.type == "meta" and self.stored(e) is Stored.VERBATIM for e in entries
         )
 
-    def group_keys(self, spec: GroupSpec) -> list[str]:
-        return [self.keys[e.qualname] for e in spec.entries]
+    def _parts_verbatim(self, entry: Entry) -> bool:
+        """Each inner tensor's bytes are its stored tensor's, as they are (a dtype view of the
+        same bytes included: core views uint8 block scales as float8)."""
+        keys = self.parts[entry.qualname]
+        if len(keys) != len(entry.parts):
+            return False
+        for key, part in zip(keys, entry.parts):
+            st = self.index.entries.get(key)
+            if st is None or st.nbytes != part.nbytes or not part.contiguous:
+                return False
+            if st.start % part.dtype.itemsize:
+                return False
+        return True
+
+    def spans(self, spec: GroupSpec) -> list[tuple[str, int, int]]:
+        """(file key, offset in the slab, bytes) of every stored tensor of a verbatim group:
+        one per plain tensor, one per inner tensor of a subclass."""
+        out = []
+        for e in spec.entries:
+            keys = self.parts.get(e.qualname) or (self.keys[e.qualname],)
+            out += [(k, p.offset, p.nbytes) for k, p in zip(keys, e.parts)]
+        return out
+
+    def read_plan(self, spec: GroupSpec, packed: torch.Tensor, direct: bool) -> ReadPlan:
+        """The plan of reading a verbatim group from the file into its slab ``packed``."""
+        return self.index.read_plan_spans(self.spans(spec), packed, direct)
+
+    @property
+    def name(self) -> str:
+        """The file's name, as errors and notes say it."""
+        return self.path.name
 
     # -- reading -----------------------------------------------------------------------------
     def __enter__(self) -> CheckpointWeights:
@@ -129,6 +173,8 @@ class CheckpointWeights:
 
     def read_tensor(self, qualname: str, like: torch.Tensor) -> torch.Tensor:
         """A new CPU tensor shaped and typed like ``like``: the stored tensor, cast, converted."""
+        if qualname in self.parts:
+            return self._converted(qualname, self._read_parts(qualname, like))
         st = self.origin(qualname)
         assert st is not None, qualname
         stored = self.index.read_stored(st)
@@ -139,6 +185,18 @@ class CheckpointWeights:
             out.copy_(stored)  # load_state_dict's cast: bit-equal to ComfyUI's loaders
         return self._converted(qualname, out)
 
+    def _read_parts(self, qualname: str, like: torch.Tensor) -> torch.Tensor:
+        """The subclass ``like`` (on meta) rebuilt around its inner tensors read as stored."""
+        names, ctx = like.__tensor_flatten__()  # type: ignore[attr-defined]
+        inner = {}
+        for name, key in zip(names, self.parts[qualname]):
+            want = getattr(like, name)
+            stored = self.index.read_stored(self.index.entries[key])
+            inner[name] = stored.reshape(-1).view(want.dtype).view(want.shape)
+        return type(like).__tensor_unflatten__(  # type: ignore[attr-defined, no-any-return]
+            inner, ctx, like.size(), like.stride()
+        )
+
     def _converted(self, qualname: str, t: torch.Tensor) -> torch.Tensor:
         if self.convert is None or not self.changed(qualname):
             return t
@@ -147,6 +205,11 @@ class CheckpointWeights:
     def fill_entry(self, entry: Entry, buf: torch.Tensor) -> bool:
         """Puts the entry's tensor at its place in ``buf``; True when read verbatim."""
         part = entry.parts[0]
+        if entry.qualname in self.parts and self.stored(entry) is Stored.VERBATIM:
+            for key, p in zip(self.parts[entry.qualname], entry.parts):
+                view = byte_view(buf[p.offset : p.offset + p.nbytes])
+                self.index.read_into(self.index.entries[key], view)
+            return True
         st = self.origin(entry.qualname)
         if st is not None and self.stored(entry) is Stored.VERBATIM:
             self.index.read_into(st, byte_view(buf[part.offset : part.offset + part.nbytes]))
@@ -169,11 +232,79 @@ class CheckpointWeights:
             if current.device.type != "meta":
                 e.fill(buf, current)
                 verbatim = False
-            elif e.subclass is not None and not self.changed(e.qualname):
+            elif (
+                e.subclass is not None
+                and not self.changed(e.qualname)
+                and e.qualname not in self.parts
+            ):
                 raise ConfigError(self.setting, f"{e.qualname} is a tensor subclass on meta")
             else:
                 verbatim = self.fill_entry(e, buf) and verbatim
         return verbatim
+
+
+class CheckpointSet(CheckpointWeights):
+    """Several files' weights as one model's source (a CLIP whose encoders each wait in their
+    own file): every tensor is read from the file that holds it, and a group whose tensors are
+    all one file's, read verbatim, keeps that file as its disk-tier source."""
+
+    def __init__(
+        self,
+        members: list[CheckpointWeights],
+        convert: Converter | None = None,
+        changed: Callable[[str], bool] | None = None,
+    ) -> None:
+        if not members:
+            raise ValueError("a CheckpointSet needs at least one file")
+        keys = {k: v for m in members for k, v in m.keys.items()}
+        parts = {k: v for m in members for k, v in m.parts.items()}
+        super().__init__(members[0].index, keys, "", convert, changed, parts)
+        self.members = [
+            CheckpointWeights(m.index, m.keys, m.prefix, convert, changed, m.parts) for m in members
+        ]
+        self._member = {q: m for m in self.members for q in (*m.keys, *m.parts)}
+        self._open = ExitStack()
+
+    def _of(self, qualname: str) -> CheckpointWeights:
+        return self._member[qualname]
+
+    @property
+    def name(self) -> str:
+        return ", ".join(m.path.name for m in self.members)
+
+    def origin(self, qualname: str) -> StoredTensor | None:
+        m = self._member.get(qualname)
+        return None if m is None else m.origin(qualname)
+
+    def stored(self, entry: Entry) -> Stored | None:
+        m = self._member.get(entry.qualname)
+        return None if m is None else m.stored(entry)
+
+    def reads_verbatim(self, entries: list[Entry]) -> bool:
+        one_file = len({id(self._member.get(e.qualname)) for e in entries}) == 1
+        return one_file and super().reads_verbatim(entries)
+
+    def spans(self, spec: GroupSpec) -> list[tuple[str, int, int]]:
+        return self._of(spec.entries[0].qualname).spans(spec)
+
+    def read_plan(self, spec: GroupSpec, packed: torch.Tensor, direct: bool) -> ReadPlan:
+        return self._of(spec.entries[0].qualname).read_plan(spec, packed, direct)
+
+    def __enter__(self) -> CheckpointSet:
+        for m in self.members:
+            self._open.enter_context(m)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._open.close()
+
+    def read_tensor(self, qualname: str, like: torch.Tensor) -> torch.Tensor:
+        return self._of(qualname).read_tensor(qualname, like)
+
+    def fill_entry(self, entry: Entry, buf: torch.Tensor) -> bool:
+        return self._of(entry.qualname).fill_entry(entry, buf)
 
 
 def _check_layout(entry: Entry, value: torch.Tensor, setting: str) -> None:

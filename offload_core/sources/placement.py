@@ -339,9 +339,8 @@ class Placement:
     def _restore_group(self, rt: GroupRuntime | ResidentGroup) -> None:
         spec = rt.spec
         if all(e.orig_device == META for e in spec.entries):
-            for e in spec.entries:
-                part = e.parts[0]
-                e.put(torch.empty_strided(part.size, part.stride, dtype=part.dtype, device=META))
+            for e in spec.entries:  # back in the file: on meta, a tensor subclass as such
+                e.put(meta_form(e))
         else:
             src = rt.source.host_bytes(spec.nbytes)
             for e in spec.entries:

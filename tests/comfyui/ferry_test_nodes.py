@@ -210,8 +210,18 @@ _te_signature = inspect.signature(_real_load_te)
 _sized = {}  # path -> (mtime, signature, sizes)
 
 
+#: Keys of core's quantized formats (a file in fp8_scaled, and the same after core's
+#: convert_old_quants renamed them): left out, so a quantized file keeps its sizes.
+_QUANT_KEYS = (".scale_weight", ".weight_scale", ".comfy_quant", "scaled_fp8", ".scale_input",
+               ".input_scale")  # fmt: skip
+
+
 def _signature(named_shapes):
-    return frozenset((k, tuple(int(n) for n in shape)) for k, shape in named_shapes)
+    return frozenset(
+        (k, tuple(int(n) for n in shape))
+        for k, shape in named_shapes
+        if not k.endswith(_QUANT_KEYS)
+    )
 
 
 def _sized_files():

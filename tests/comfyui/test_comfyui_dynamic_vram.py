@@ -192,7 +192,8 @@ def test_finding4_cores_quantized_formats_load_through_core(
         for tier in ("ram", "disk"):
             g = graph([ferry(tier=tier)], f"f4q-{tier}", loader=ferry_loader(name))
             assert torch.equal(run_ok(c, srv, g), want), (srv.url, tier)
-        assert said(srv, "needs ComfyUI's own conversion") >= 1
+        assert said(srv, "format) stays in its file") >= 1  # streamed (issue 40)
+        assert said(srv, "needs ComfyUI's own conversion") == 0
         # Nothing Ferry asks of core warns (v0.33: config.scaled_fp8 is gone; string_to_seed
         # moved to comfy.utils).
         assert said(srv, "you accessed scaled_fp8") == 0
