@@ -77,7 +77,7 @@ def test_object_info_lists_the_nodes_with_tooltips(client: Client) -> None:
     # Optional, so a workflow saved before they existed still validates (the other tests'
     # graphs leave them out).
     assert list(info["FerryOffloadModel"]["input"]["optional"]) == [
-        "headroom_gb", "direct_io", "verify", "cpu_read",
+        "headroom_gb", "direct_io", "verify", "cpu_read", "bake_lora",
     ]  # fmt: skip
     presets = info["FerryLoadDiffusionModelQuantized"]["input"]["required"]["quant_preset"][1][
         "options"
