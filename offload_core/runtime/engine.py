@@ -75,7 +75,9 @@ class Engine:
         #: The forward's own temporaries (a quantized layer's weight dequantized per call, on
         #: a CPU) stay in the C heap once a large free has raised glibc's mmap threshold: a
         #: trim as groups finish hands them back, so RAM holds about one group's, not all.
-        self._trimmer = HeapTrimmer()
+        #: Only where the forward computes on the host: on a device its temporaries are device
+        #: memory, and a trim per group would be host work on the hot path for nothing.
+        self._trimmer = HeapTrimmer() if backend.synchronous else None
         self.inflight: dict[int, Load] = {}  # by step: the loads the schedule planned
         #: The load computing now: its group and the slot its tensors point into, which
         #: ``_release_current`` gives back. Not the schedule's ``current`` (the same region,
@@ -213,7 +215,8 @@ class Engine:
             self.transfers.slot_done(load.slot)
             load.group.to_host()
         load.group.source.release()  # a mapped group's pages go (its forward has returned)
-        self._trimmer.freed(load.group.spec.nbytes)
+        if self._trimmer is not None:
+            self._trimmer.freed(load.group.spec.nbytes)
 
     def _drop(self, planned: list[Planned]) -> None:
         """Loads that will not be used. Reads still running finish first: their regions
