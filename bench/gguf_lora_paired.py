@@ -5,7 +5,7 @@ forwards alternating, as bench/paired.py does), for Q8_0 and Q4_K.
 The layers are ComfyUI-GGUF's own (``GGMLOps.Linear`` from its ops.py, its torch dequant
 kernels), the LoRAs core's own (``comfy.weight_adapter.LoRAAdapter``, ``comfy.lora.
 calculate_weight``), hung on the weights as ``GGUFModelPatcher.patch_weight_to_device`` hangs
-them; baking runs Ferry's ComfyUI code (nodes/bake_lora.py). Every output is compared with
+them; baking runs Ferry's ComfyUI code (nodes/patcher/bake_lora.py). Every output is compared with
 ComfyUI-GGUF's per-forward result without Ferry (``torch.equal``). Run with a ComfyUI
 checkout's Python (it needs ``comfy`` and the ``gguf`` package):
 
@@ -62,7 +62,7 @@ def import_hosts(device: str = "cpu") -> tuple[Any, Any, Any]:
         sys.modules[PACK] = mod
         spec.loader.exec_module(mod)
     ferry = importlib.import_module(f"{PACK}.offload_core")
-    bake = importlib.import_module(f"{PACK}.nodes.bake_lora")
+    bake = importlib.import_module(f"{PACK}.nodes.patcher.bake_lora")
     return ops, ferry, bake
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from comfy_api.latest import ComfyExtension, io
 
 from .clip_vision_node import FerryOffloadClipVision
-from .compile import FerryCompileBlocks
+from .compile_node import FerryCompileBlocks
 from .controlnet_node import FerryOffloadControlNet
 from .loader_node import FerryLoadDiffusionModelQuantized
 from .model_patch_node import FerryOffloadModelPatch
@@ -20,7 +20,7 @@ def _register_routes() -> None:
     # in time. (ComfyUI 0.3.x never calls on_load; newer ones do: register() is idempotent.)
     import server
 
-    from .routes import register
+    from .ui.routes import register
 
     register(server.PromptServer.instance.routes)
 

@@ -11,11 +11,11 @@ import folder_paths
 from comfy_api.latest import io
 
 from ..offload_core.quant import PRESETS
-from . import comfy_core
-from .config import NodeInputError
-from .patcher import ferry_patcher_class
-from .quant_loader import check_preset, load_quantized_diffusion_model
-from .stream_loader import WEIGHT_DTYPES, is_lazy, lazy_diffusion_model
+from .input_error import NodeInputError
+from .loading.quant_loader import check_preset, load_quantized_diffusion_model
+from .loading.stream_loader import WEIGHT_DTYPES, is_lazy, lazy_diffusion_model
+from .patcher import comfy_core
+from .patcher.patcher import ferry_patcher_class
 
 log = logging.getLogger("ferry")
 

@@ -12,7 +12,7 @@ from comfy_api.latest import io
 
 from ..offload_core import DiskTier
 from ..offload_core.policy import AUTO, BAKE_MODES, DEFAULT_HEADROOM_GB
-from .config import CPU_READ_CHOICES, LEVELS, TIER_CHOICES, VERIFY_CHOICES
+from .planning.config import CPU_READ_CHOICES, LEVELS, TIER_CHOICES, VERIFY_CHOICES
 
 
 def setting_inputs(bakes: bool = True) -> list[io.Input]:

@@ -14,25 +14,25 @@ from comfy_api.latest import io, ui
 from ..offload_core.policy import AUTO
 from ..seam.model_files import gguf_file_of
 from ..seam.site import DIFFUSION_MODEL, NetworkSite
-from .auto_settings import remember
-from .config import (
+from .input_error import NodeInputError
+from .offload_inputs import NodeText, offload_schema
+from .patcher.dynamic import DYNAMIC_VRAM_HELP
+from .patcher.patcher import ferry_clone
+from .planning.auto_settings import remember
+from .planning.config import (
     AUTO_WIDGETS,
     ComfyOffload,
-    NodeInputError,
     check_disk_folder,
     is_auto,
     policy_from_inputs,
     wish_from_widgets,
 )
-from .dynamic import DYNAMIC_VRAM_HELP
-from .offload_inputs import NodeText, offload_schema
-from .offload_policy import (
+from .planning.offload_policy import (
     auto_policy,
     check_against_model,
     default_disk_path,
     settings_fingerprint,
 )
-from .patcher import ferry_clone
 
 NODE_ID = "FerryOffloadModel"  # stable forever: saved workflows refer to it
 

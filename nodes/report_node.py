@@ -9,8 +9,8 @@ from comfy_api.latest import io, ui
 
 from ..offload_core import ConfigError, device_memory, process_memory
 from ..offload_core.tools.monitor import default_device
-from .report import report_text
-from .stats import current_offloads, observe_prompt, running_prompt_id
+from .ui.report import report_text
+from .ui.stats import current_offloads, observe_prompt, running_prompt_id
 
 NODE_ID = "FerryMemoryReport"
 

@@ -14,8 +14,8 @@ from typing import Any
 import folder_paths
 from comfy_api.latest import io
 
-from . import comfy_core
-from .text_encoder_stream import load_text_encoder
+from .loading.text_encoder_stream import load_text_encoder
+from .patcher import comfy_core
 
 DESCRIPTION = (
     "{core}, with the text encoder's weights left in the file: with Ferry Offload Text Encoder "

@@ -4,7 +4,7 @@ offload_core is a Python API and the engine under ComfyUI's nodes and the panel,
 messages name settings, files and folders, never a Python call, with one exception:
 ``ApiUseError`` and its subclasses, which report a misuse of the Python API itself (applying
 twice, autograd on); their messages may say which call fixes it. Nodes never show those as
-they are: nodes/recovery.py (``for_node``) says what to do in ComfyUI instead.
+they are: nodes/patcher/recovery.py (``for_node``) says what to do in ComfyUI instead.
 tests/test_messages.py holds both sides to this.
 """
 

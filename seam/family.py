@@ -4,7 +4,7 @@ network again, and Ferry discards the layout instead of reading it back.
 [Note: the last of a family]
 A host's patchers form a tree: every clone holds the patcher it was cloned from (``parent``:
 ComfyUI's ModelPatcher.clone; Ferry's patchers hold their anchor, which holds the input's
-parent, nodes/hold.py), and every object that can load a network reaches it through one of
+parent, nodes/patcher/hold.py), and every object that can load a network reaches it through one of
 them (a node's cached output, a CLIP holding its patcher, a LoRA's clone). So when a patcher is
 collected, the network can still be used only if one of its ancestors outlives it: an ancestor
 is referred to by something other than its own child in the chain (the cache, a sibling clone,

@@ -1,6 +1,6 @@
 """What a host does around its live layout's changes (seam/live_layout.py calls each hook; each
 does nothing here): a host's layout class overrides the ones its loader needs
-(``nodes/live_layout.py``, ``webui/live_layout.py``, ``tests/seam_test_host.py``)."""
+(``nodes/patcher/live_layout.py``, ``webui/live_layout.py``, ``tests/seam_test_host.py``)."""
 
 from __future__ import annotations
 

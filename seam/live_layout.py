@@ -5,7 +5,7 @@ Forge's UnetPatcher), and every clone shares one model object (ComfyUI's BaseMod
 KModel). So the layout belongs to that shared object, not to a patcher: a ``LiveLayout``
 lives on it (``of``), and each Ferry patcher asks it to make the network match its offload
 (``ensure``), to let go (``release``), or for a plan (``plan``). A host is a subclass that
-fills in the hooks (``nodes/live_layout.py``, ``webui/live_layout.py``, ``tests/seam_test_host.py``).
+fills in the hooks (``nodes/patcher/live_layout.py``, ``webui/live_layout.py``, ``tests/seam_test_host.py``).
 
 The loader's handshake (which patcher loads next, which owns the layout) is seam/handshake.py,
 where ``[Note: why a "loading" mark]`` is; the hooks a host fills in are seam/layout_hooks.py.

@@ -1,6 +1,6 @@
 """What a host's Ferry patcher carries through the host's clones: how to offload, and the name
 and kind the model goes by (logs, the panel, the stats: "text encoder: t5xxl"). Each host adds what only it needs
-(``nodes/config.py`` ComfyOffload, ``webui/controls.py`` ForgeOffload)."""
+(``nodes/planning/config.py`` ComfyOffload, ``webui/controls.py`` ForgeOffload)."""
 
 from __future__ import annotations
 

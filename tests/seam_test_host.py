@@ -1,6 +1,6 @@
 """A host the tests add the way any new host is added (seam/): one adapter file, this one,
 and one registration (``ferry_patcher_class``: the host's patcher class with Ferry's verbs in
-front, as ComfyUI's ``nodes/patcher.py`` and Forge's ``webui/patcher.py`` make theirs).
+front, as ComfyUI's ``nodes/patcher/patcher.py`` and Forge's ``webui/patcher.py`` make theirs).
 
 The host (tests/test_seam_host.py ``TinyHost``) is the smallest one with the shape of
 ComfyUI's and Forge's: a shared model object whose ``diffusion_model`` every patcher clone

@@ -48,7 +48,7 @@ def test_no_function_over_50_lines() -> None:
 
 
 def _imports(path: Path) -> set[str]:
-    """Every module a file imports, relative ones as written (``..nodes.live_layout``)."""
+    """Every module a file imports, relative ones as written (``..nodes.patcher.live_layout``)."""
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom):

@@ -118,7 +118,11 @@ def test_the_check_finds_each_kind_of_disk_work() -> None:
 
 def test_the_walk_sees_the_pack() -> None:
     names = {p.relative_to(REPO).as_posix() for p in _pack_files()}
-    assert {"offload_core/disk/store.py", "offload_core/quant/cache.py", "nodes/config.py"} <= names
+    assert {
+        "offload_core/disk/store.py",
+        "offload_core/quant/cache.py",
+        "nodes/planning/config.py",
+    } <= names
 
 
 def test_the_disk_tier_does_its_own_work() -> None:

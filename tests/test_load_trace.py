@@ -1,5 +1,5 @@
 """A text encoder whose weights wait in its files, built by its host's own loader
-(offload_core/sources/load_trace.py; nodes/text_encoder_stream.py uses it with ComfyUI's
+(offload_core/sources/load_trace.py; nodes/loading/text_encoder_stream.py uses it with ComfyUI's
 ``load_text_encoder_state_dicts``): the host is given meta tensors made from the files'
 headers, routes each file to an encoder with its own key renames, and the trace says which file
 key each parameter got; the layout then reads the files as the host would have, to the bit.

@@ -4,7 +4,7 @@ folder; none names a Python call (issue 12).
 - nodes/ and web/ (the nodes, the panel, the sidebar's JS): no string a user can read holds a
   Python call (``handle.remove()``, ``find_offload(``, ``torch.no_grad()``).
 - offload_core/ is also a Python API: a Python call may appear only where nodes can never show
-  it: in an ``ApiUseError`` (nodes/recovery.py ``for_node`` says it in ComfyUI's words
+  it: in an ``ApiUseError`` (nodes/patcher/recovery.py ``for_node`` says it in ComfyUI's words
   instead), in a ConfigError about an argument only Python callers pass (nodes pass their own
   factories and callbacks), and in the command-line tools' help.
 """
@@ -33,7 +33,7 @@ CLI = {"offload_core/quant/__main__.py", "offload_core/tools/demo.py", "offload_
 
 load_pack()
 errors = importlib.import_module(f"{PACK_NAME}.offload_core.errors")
-recovery = importlib.import_module(f"{PACK_NAME}.nodes.recovery")
+recovery = importlib.import_module(f"{PACK_NAME}.nodes.patcher.recovery")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
 
 

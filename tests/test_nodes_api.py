@@ -12,10 +12,10 @@ import pytest
 from tests.conftest import PACK_NAME, load_pack
 
 load_pack()
-api = importlib.import_module(f"{PACK_NAME}.nodes.api")
-stats = importlib.import_module(f"{PACK_NAME}.nodes.stats")
-report = importlib.import_module(f"{PACK_NAME}.nodes.report")
-pusher = importlib.import_module(f"{PACK_NAME}.nodes.pusher")
+api = importlib.import_module(f"{PACK_NAME}.nodes.ui.api")
+stats = importlib.import_module(f"{PACK_NAME}.nodes.ui.stats")
+report = importlib.import_module(f"{PACK_NAME}.nodes.ui.report")
+pusher = importlib.import_module(f"{PACK_NAME}.nodes.ui.pusher")
 monitor = importlib.import_module(f"{PACK_NAME}.offload_core.tools.monitor")
 memory = importlib.import_module(f"{PACK_NAME}.offload_core.runtime.memory")
 

@@ -12,8 +12,8 @@ from torch import nn
 from tests.conftest import PACK_NAME, load_pack
 
 load_pack()
-binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.live_layout")
-config = importlib.import_module(f"{PACK_NAME}.nodes.config")
+binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.patcher.live_layout")
+config = importlib.import_module(f"{PACK_NAME}.nodes.planning.config")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
 ComfyLayout = binding_mod.ComfyLayout
 

@@ -12,7 +12,7 @@ from tests.conftest import PACK_NAME, load_pack
 from tests.helpers import tmpfs
 
 load_pack()
-config = importlib.import_module(f"{PACK_NAME}.nodes.config")
+config = importlib.import_module(f"{PACK_NAME}.nodes.planning.config")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
 
 GOOD = dict(

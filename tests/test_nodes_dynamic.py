@@ -20,9 +20,9 @@ from torch import nn
 from tests.conftest import PACK_NAME, load_pack
 
 load_pack()
-dynamic = importlib.import_module(f"{PACK_NAME}.nodes.dynamic")
-binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.live_layout")
-config = importlib.import_module(f"{PACK_NAME}.nodes.config")
+dynamic = importlib.import_module(f"{PACK_NAME}.nodes.patcher.dynamic")
+binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.patcher.live_layout")
+config = importlib.import_module(f"{PACK_NAME}.nodes.planning.config")
 CheckpointWeights = importlib.import_module(
     f"{PACK_NAME}.offload_core.sources.checkpoint_stream"
 ).CheckpointWeights

@@ -17,8 +17,8 @@ from tests.helpers import fail_first_read_with_eio
 from tests.test_nodes_binding import Owner, X, cfg
 
 load_pack()
-binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.live_layout")
-recovery = importlib.import_module(f"{PACK_NAME}.nodes.recovery")
+binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.patcher.live_layout")
+recovery = importlib.import_module(f"{PACK_NAME}.nodes.patcher.recovery")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
 pack_files = importlib.import_module(f"{PACK_NAME}.offload_core.disk.files")  # the pack's own
 ComfyLayout = binding_mod.ComfyLayout

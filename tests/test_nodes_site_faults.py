@@ -1,7 +1,7 @@
 """Faults while a ControlNet, a model patch or a CLIP vision model is laid out (issue 38: "faults
 recover" for every kind), without ComfyUI: the layout goes through ComfyUI's binding
-(nodes/live_layout.py) on a stand-in shaped as core's object for that kind (tests/test_seam_site.py),
-as the Ferry patcher's load does (nodes/load_steps.py lay_out). The disk filling up on a
+(nodes/patcher/live_layout.py) on a stand-in shaped as core's object for that kind (tests/test_seam_site.py),
+as the Ferry patcher's load does (nodes/patcher/load_steps.py lay_out). The disk filling up on a
 group's file, or ComfyUI's Cancel raised from the layout's progress bar, leaves the network
 plain and usable: every call the host makes gives the plain output (``torch.equal``), nothing
 of Ferry's is left (files, the pinned count), and the next prompt lays it out."""
@@ -23,8 +23,8 @@ from tests.test_seam_site import host_object
 load_pack()
 site = importlib.import_module(f"{PACK_NAME}.seam.site")
 passes = importlib.import_module(f"{PACK_NAME}.seam.passes")
-binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.live_layout")
-config = importlib.import_module(f"{PACK_NAME}.nodes.config")
+binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.patcher.live_layout")
+config = importlib.import_module(f"{PACK_NAME}.nodes.planning.config")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
 store = importlib.import_module(f"{PACK_NAME}.offload_core.disk.store")
 errors = importlib.import_module(f"{PACK_NAME}.offload_core.errors")

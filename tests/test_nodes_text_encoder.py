@@ -25,7 +25,7 @@ from tests.conftest import PACK_NAME, load_pack
 from tests.test_nodes_binding import cfg
 
 load_pack()
-binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.live_layout")
+binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.patcher.live_layout")
 grouping = importlib.import_module(f"{PACK_NAME}.offload_core.model.grouping")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
 ComfyLayout = binding_mod.ComfyLayout

@@ -1,6 +1,6 @@
 """A graph that offloads its diffusion model and its text encoder shows two lines, each saying
-what it is (issue 29): the sidebar's payload (nodes/stats.py), the panel's monitor rows
-(web/panel/monitor_view.py) and the memory report (nodes/report.py), read from real offloads
+what it is (issue 29): the sidebar's payload (nodes/ui/stats.py), the panel's monitor rows
+(web/panel/monitor_view.py) and the memory report (nodes/ui/report.py), read from real offloads
 laid out through the seam as the two Ferry nodes lay them out (a ComfyOffload with its kind).
 The sidebar's rendering of that payload in a browser is tests/test_sidebar_browser.py."""
 
@@ -21,10 +21,10 @@ from tests.test_nodes_text_encoder import TOKENS, FluxLikeClip
 
 load_pack()
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")
-config = importlib.import_module(f"{PACK_NAME}.nodes.config")
-binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.live_layout")
-stats = importlib.import_module(f"{PACK_NAME}.nodes.stats")
-report = importlib.import_module(f"{PACK_NAME}.nodes.report")
+config = importlib.import_module(f"{PACK_NAME}.nodes.planning.config")
+binding_mod = importlib.import_module(f"{PACK_NAME}.nodes.patcher.live_layout")
+stats = importlib.import_module(f"{PACK_NAME}.nodes.ui.stats")
+report = importlib.import_module(f"{PACK_NAME}.nodes.ui.report")
 monitor = importlib.import_module(f"{PACK_NAME}.offload_core.tools.monitor")
 demo = importlib.import_module(f"{PACK_NAME}.offload_core.model.demo")
 units = importlib.import_module(f"{PACK_NAME}.offload_core.units")

@@ -102,7 +102,7 @@ def test_settings_round_trip_panel_file_nodes(
     assert not disk.exists()  # saving a disk path creates nothing
     # What the ComfyUI node reads with "use panel settings" on.
     settings_file = running.sub("offload_core.tools.settings_file")
-    config = running.sub("nodes.config")
+    config = running.sub("nodes.planning.config")
     policy = config.policy_from_panel(lambda: settings_file.load_settings(running.settings_path))
     oc = running.sub("offload_core")
     assert policy == oc.OffloadPolicy(

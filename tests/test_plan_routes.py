@@ -1,5 +1,5 @@
-"""The pre-flight and budget routes' logic (nodes/api.py), the per-prompt disk reads and the
-planner's sentence on each stats line (nodes/stats.py, prompt_reads.py, planner/notes.py)."""
+"""The pre-flight and budget routes' logic (nodes/ui/api.py), the per-prompt disk reads and the
+planner's sentence on each stats line (nodes/ui/stats.py, prompt_reads.py, planner/notes.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pytest
 from tests.conftest import PACK_NAME, load_pack
 
 load_pack()
-api = importlib.import_module(f"{PACK_NAME}.nodes.api")
-stats = importlib.import_module(f"{PACK_NAME}.nodes.stats")
-report = importlib.import_module(f"{PACK_NAME}.nodes.report")
+api = importlib.import_module(f"{PACK_NAME}.nodes.ui.api")
+stats = importlib.import_module(f"{PACK_NAME}.nodes.ui.stats")
+report = importlib.import_module(f"{PACK_NAME}.nodes.ui.report")
 plan_notes = importlib.import_module(f"{PACK_NAME}.offload_core.planner.notes")
-prompt_reads = importlib.import_module(f"{PACK_NAME}.nodes.prompt_reads")
+prompt_reads = importlib.import_module(f"{PACK_NAME}.nodes.ui.prompt_reads")
 errors = importlib.import_module(f"{PACK_NAME}.offload_core.errors")
 monitor = importlib.import_module(f"{PACK_NAME}.offload_core.tools.monitor")
 settings_file = importlib.import_module(f"{PACK_NAME}.offload_core.tools.settings_file")

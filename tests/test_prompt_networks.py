@@ -1,4 +1,4 @@
-"""The networks of a queued prompt (nodes/prompt_networks.py) read from the prompt and the
+"""The networks of a queued prompt (nodes/planning/prompt_networks.py) read from the prompt and the
 files' headers alone, planned together (the pre-flight's and the "auto" widgets' path)."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from tests.conftest import PACK_NAME, load_pack
 from .planner_files import bytes_read, dit_tensors, sparse_safetensors
 
 load_pack()
-pn = importlib.import_module(f"{PACK_NAME}.nodes.prompt_networks")
-config = importlib.import_module(f"{PACK_NAME}.nodes.config")
-api = importlib.import_module(f"{PACK_NAME}.nodes.api")
+pn = importlib.import_module(f"{PACK_NAME}.nodes.planning.prompt_networks")
+config = importlib.import_module(f"{PACK_NAME}.nodes.planning.config")
+api = importlib.import_module(f"{PACK_NAME}.nodes.ui.api")
 planner = importlib.import_module(f"{PACK_NAME}.offload_core.planner")
 errors = importlib.import_module(f"{PACK_NAME}.offload_core.errors")
 GIB = 1 << 30
@@ -322,7 +322,7 @@ def test_every_offload_nodes_site_is_a_ferry_node_of_the_planner() -> None:
     # that node's network on the site's control, as the site's kind.
     site = importlib.import_module(f"{PACK_NAME}.seam.site")
     found = {}
-    for path in (Path(pn.__file__).parent).glob("*.py"):
+    for path in Path(pn.__file__).parents[1].glob("*_node.py"):
         text = path.read_text()
         node_id = re.search(r'^NODE_ID = "(\w+)"', text, re.M)
         site_name = re.search(r"^    SITE = (\w+)$", text, re.M)

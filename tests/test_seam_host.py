@@ -21,7 +21,7 @@ oc = importlib.import_module(f"{PACK_NAME}.offload_core")
 policy_mod = importlib.import_module(f"{PACK_NAME}.offload_core.policy")
 seam_offload = importlib.import_module(f"{PACK_NAME}.seam.offload")
 seam_controls = importlib.import_module(f"{PACK_NAME}.seam.controls")
-node_config = importlib.import_module(f"{PACK_NAME}.nodes.config")
+node_config = importlib.import_module(f"{PACK_NAME}.nodes.planning.config")
 forge_controls = importlib.import_module(f"{PACK_NAME}.webui.controls")
 
 CPU = torch.device("cpu")

@@ -129,7 +129,8 @@ def test_laid_out_through_its_sites_calls_it_gives_the_plain_output(s: Any, tmp_
     }
     host_calls = [m for m in (*s.passes, "control_block", "forward") if m in calls]
     want = {m: calls[m]() for m in host_calls}
-    passes.mark_passes(net, s.passes)  # what the host's load step does (nodes/load_steps.py)
+    # What the host's load step does (nodes/patcher/load_steps.py):
+    passes.mark_passes(net, s.passes)
     tier = oc.DiskTier(str(tmp_path)) if s is site.CLIP_VISION else oc.RamTier()
     handle = oc.apply_offload(net, oc.OffloadPolicy(tier=tier), kind=s.kind, name="tiny")
     try:

@@ -21,7 +21,7 @@ from tests.conftest import PACK_NAME, load_pack
 from tests.helpers import make_model, tmpfs
 
 load_pack()
-config = importlib.import_module(f"{PACK_NAME}.nodes.config")
+config = importlib.import_module(f"{PACK_NAME}.nodes.planning.config")
 forms = importlib.import_module(f"{PACK_NAME}.web.panel.forms")
 disk_check = importlib.import_module(f"{PACK_NAME}.web.panel.disk_check")
 oc = importlib.import_module(f"{PACK_NAME}.offload_core")

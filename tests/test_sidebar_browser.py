@@ -1,7 +1,7 @@
 """The ComfyUI sidebar (web/comfyui/ferry.js) in a real browser (Debian's chromium driven by
 playwright), without ComfyUI: the file is served as ComfyUI serves an extension, beside
 stand-ins of the two frontend modules it imports (``app`` and ``api``, with the calls it
-makes), and it is fed /ferry/stats payloads built by nodes/stats.py from real offloads (a
+makes), and it is fed /ferry/stats payloads built by nodes/ui/stats.py from real offloads (a
 diffusion model and a text encoder, tests/test_offload_lines.py's). Each offload is one card
 whose title says what it is, with where its weights are, GB/s and stall. Its words come from
 the pack's locales, served at /api/i18n as core serves them (tests/locales.py), in the

@@ -123,8 +123,10 @@ def test_every_ferry_node_has_its_inputs_and_legal_values(path: Any) -> None:
 
 @pytest.mark.parametrize("path", PATHS, ids=IDS)
 def test_ferry_offload_settings_pass_the_nodes_own_checks(path: Any) -> None:
-    # The same parser the node runs (nodes/config.py): a template never fails validation.
-    config = __import__(f"{load_pack().__name__}.nodes.config", fromlist=["policy_from_inputs"])
+    # The same parser the node runs (nodes/planning/config.py): a template never fails validation.
+    config = __import__(
+        f"{load_pack().__name__}.nodes.planning.config", fromlist=["policy_from_inputs"]
+    )
     wf = Workflow.load(path)
     for type_ in ("FerryOffloadModel", "FerryOffloadTextEncoder"):
         names = [w["name"] for w in ordered_widgets(type_)]

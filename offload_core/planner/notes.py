@@ -1,6 +1,6 @@
 """The planner's sentence for each network a host planned, by its line's title ("text
 encoder: t5xxl"), for every UI's line of it: ComfyUI's sidebar and memory report, the
-panel's monitor. A host writes it when it resolves "auto" settings (nodes/auto_settings.py);
+panel's monitor. A host writes it when it resolves "auto" settings (nodes/planning/auto_settings.py);
 the lines read it."""
 
 from __future__ import annotations

@@ -278,7 +278,7 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def test_under_dynamic_vram_the_delegate_encodes_through_ferry(
     standin: Server, plain: dict[str, dict[str, torch.Tensor]]
 ) -> None:
-    # Ferry drives the dynamic CLIP's non-dynamic delegate (nodes/dynamic.py), and the CLIP it
+    # Ferry drives the dynamic CLIP's non-dynamic delegate (nodes/patcher/dynamic.py), and the CLIP it
     # hands on encodes with the delegate's encoder: laid out, streamed, the same conditioning
     # as the plain server's.
     c = Client(standin.url)

@@ -12,17 +12,16 @@ import comfy.model_patcher
 import comfy.utils
 import torch
 
-from ..offload_core import ApiUseError, ConfigError, Ending
-from ..offload_core.model.layout import module_nbytes
-from ..offload_core.sources.checkpoint_stream import CheckpointWeights
-from ..seam.family import last_of_family
-from ..seam.passes import mark_passes
-from . import comfy_core
-from . import compile as block_compile
+from ...offload_core import ApiUseError, ConfigError, Ending
+from ...offload_core.model.layout import module_nbytes
+from ...offload_core.sources.checkpoint_stream import CheckpointWeights
+from ...seam.family import last_of_family
+from ...seam.passes import mark_passes
+from ..input_error import as_node_error
+from ..loading.stream_loader import is_lazy, materialize, stream_weights, unstreamed_patches
+from . import block_compile, comfy_core
 from .bake_lora import bake_lora
-from .config import as_node_error
 from .recovery import for_node, refuse_lost
-from .stream_loader import is_lazy, materialize, stream_weights, unstreamed_patches
 
 log = logging.getLogger("ferry")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..offload_core import (
+from ...offload_core import (
     AlreadyOffloadedError,
     ApiUseError,
     CorruptGroupFileError,

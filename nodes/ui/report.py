@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..offload_core.offload_kind import OffloadKind
-from ..offload_core.planner import notes as plan_notes
-from ..offload_core.runtime.memory import DeviceMemory, ProcessMemory
-from ..offload_core.units import fmt_bytes
+from ...offload_core.offload_kind import OffloadKind
+from ...offload_core.planner import notes as plan_notes
+from ...offload_core.runtime.memory import DeviceMemory, ProcessMemory
+from ...offload_core.units import fmt_bytes
 from . import prompt_reads
 
 

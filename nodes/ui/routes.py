@@ -11,8 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
+from ..patcher.live_layout import release_from_panel
 from . import api
-from .live_layout import release_from_panel
 from .pusher import ensure_pushing
 
 log = logging.getLogger("ferry")
@@ -42,9 +42,9 @@ def _is_busy() -> bool:
 
 
 def _plan_prompt(prompt: dict[str, Any]) -> dict[str, Any]:
-    from .auto_settings import budgets, panel_wish
-    from .graph_plan import plan_prompt
-    from .offload_policy import default_disk_path
+    from ..planning.auto_settings import budgets, panel_wish
+    from ..planning.graph_plan import plan_prompt
+    from ..planning.offload_policy import default_disk_path
 
     plan = plan_prompt(
         prompt, default_folder=default_disk_path(), budgets=budgets(), panel_wish=panel_wish()

@@ -36,16 +36,16 @@ import folder_paths
 import torch
 from torch import nn
 
-from ..offload_core import ConfigError
-from ..offload_core.model import meta_build
-from ..offload_core.sources.checkpoint import CheckpointIndex
-from ..offload_core.sources.checkpoint_stream import CheckpointSet, CheckpointWeights, Converter
-from ..offload_core.sources.load_trace import LoadTrace, header_state_dict
-from ..seam.site import TEXT_ENCODER
-from .config import NodeInputError
+from ...offload_core import ConfigError
+from ...offload_core.model import meta_build
+from ...offload_core.sources.checkpoint import CheckpointIndex
+from ...offload_core.sources.checkpoint_stream import CheckpointSet, CheckpointWeights, Converter
+from ...offload_core.sources.load_trace import LoadTrace, header_state_dict
+from ...seam.site import TEXT_ENCODER
+from ..input_error import NodeInputError
+from ..patcher.dynamic import give_lazy_layers_meta_weights
+from ..patcher.patcher import ferry_patcher
 from .core_quant_stream import convert_quants, not_streamable, reads_value
-from .dynamic import give_lazy_layers_meta_weights
-from .patcher import ferry_patcher
 
 log = logging.getLogger("ferry")
 META = torch.device("meta")

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ..offload_core.errors import ConfigError
-from ..offload_core.planner.facts import Kind, NetworkFacts, Wish
-from ..offload_core.planner.network_file import network_from_file
+from ...offload_core.errors import ConfigError
+from ...offload_core.planner.facts import Kind, NetworkFacts, Wish
+from ...offload_core.planner.network_file import network_from_file
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,15 @@ import comfy.model_patcher
 import folder_paths
 import torch
 
-from ..offload_core import ConfigError
-from ..offload_core.formats.safetensors import Header, read_checkpoint_header
-from ..offload_core.model.layout import module_nbytes
-from ..offload_core.quant import load_quantized, quantize_model, resolve_preset
-from ..offload_core.quant.group_stream import plan_quantized
-from ..offload_core.runtime.memory import system_available_ram
-from ..offload_core.units import fmt_bytes
-from . import comfy_core
-from .config import NodeInputError
+from ...offload_core import ConfigError
+from ...offload_core.formats.safetensors import Header, read_checkpoint_header
+from ...offload_core.model.layout import module_nbytes
+from ...offload_core.quant import load_quantized, quantize_model, resolve_preset
+from ...offload_core.quant.group_stream import plan_quantized
+from ...offload_core.runtime.memory import system_available_ram
+from ...offload_core.units import fmt_bytes
+from ..input_error import NodeInputError
+from ..patcher import comfy_core
 from .stream_loader import core_quant_format, lazy_diffusion_model, meta_state_dict, model_config
 
 log = logging.getLogger("ferry")

@@ -18,8 +18,8 @@ from typing import Any
 
 from torch import nn
 
-from ..offload_core.errors import WeightsLostError
-from ..seam.live_layout import LiveLayout, resolve_auto
+from ...offload_core.errors import WeightsLostError
+from ...seam.live_layout import LiveLayout, resolve_auto
 from .recovery import ATTR, LOST, ModelReloadError, drop_and_reload, quarantine
 
 __all__ = ["ATTR", "ComfyLayout", "release_from_panel", "resolve_auto"]

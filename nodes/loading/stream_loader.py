@@ -34,13 +34,13 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..offload_core import ConfigError
-from ..offload_core.formats.safetensors import Header, read_checkpoint_header
-from ..offload_core.quant.group_stream import QuantizedStream
-from ..offload_core.sources.checkpoint import CheckpointIndex
-from ..offload_core.sources.checkpoint_stream import CheckpointWeights, Converter
-from . import comfy_core
-from .config import NodeInputError
+from ...offload_core import ConfigError
+from ...offload_core.formats.safetensors import Header, read_checkpoint_header
+from ...offload_core.quant.group_stream import QuantizedStream
+from ...offload_core.sources.checkpoint import CheckpointIndex
+from ...offload_core.sources.checkpoint_stream import CheckpointWeights, Converter
+from ..input_error import NodeInputError
+from ..patcher import comfy_core
 from .core_quant_stream import lazy_core_quant_model
 
 log = logging.getLogger("ferry")

@@ -31,18 +31,18 @@ from typing import Any
 import torch
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ..offload_core import ConfigError, Ending
-from ..offload_core.model.layout import module_nbytes
-from ..seam.patcher_class import FerryClones, with_ferry
-from ..seam.site import DIFFUSION_MODEL, NetworkSite
-from . import comfy_core
-from . import compile as block_compile
+from ...offload_core import ConfigError, Ending
+from ...offload_core.model.layout import module_nbytes
+from ...seam.patcher_class import FerryClones, with_ferry
+from ...seam.site import DIFFUSION_MODEL, NetworkSite
+from ..input_error import NodeInputError
+from ..planning.config import ComfyOffload
+from ..ui.pusher import ensure_pushing
+from . import block_compile, comfy_core
 from . import load_steps as steps
-from .config import ComfyOffload, NodeInputError
 from .dynamic import DYNAMIC_VRAM_HELP, plain_patcher, say_once
 from .hold import HeldByFerry, anchor, hold
 from .live_layout import ComfyLayout
-from .pusher import ensure_pushing
 from .recovery import KEY as RECOVERY_KEY
 from .recovery import ModelReloadError, guard, has_meta_module, in_prompt
 

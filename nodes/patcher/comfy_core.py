@@ -18,8 +18,8 @@ import comfy.utils
 import psutil
 import torch
 
-from ..offload_core.model import meta_build
-from ..offload_core.units import fmt_bytes
+from ...offload_core.model import meta_build
+from ...offload_core.units import fmt_bytes
 from .dynamic import give_lazy_layers_meta_weights, restore_model_dtypes, say_once
 
 try:  # v0.11+: aimdo's switch and the RAM-pressure cache's headroom live here

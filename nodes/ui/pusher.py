@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..offload_core.tools.monitor import OffloadSample, Sample, get_monitor
+from ...offload_core.tools.monitor import OffloadSample, Sample, get_monitor
 from .stats import EVENT, observe_prompt, running_prompt_id, stats_payload
 
 _lock = threading.Lock()

@@ -21,11 +21,11 @@ import comfy.model_management as mm
 import folder_paths
 import torch
 
-from ..offload_core.planner import Choice, GraphPlan, MachineFacts, disk_speed, plan_graph
-from ..offload_core.planner.facts import Kind, Wish
-from ..offload_core.planner.machine import read_machine
-from ..offload_core.runtime.memory import process_memory
-from ..offload_core.tools.monitor import read_offloads
+from ...offload_core.planner import Choice, GraphPlan, MachineFacts, disk_speed, plan_graph
+from ...offload_core.planner.facts import Kind, Wish
+from ...offload_core.planner.machine import read_machine
+from ...offload_core.runtime.memory import process_memory
+from ...offload_core.tools.monitor import read_offloads
 from .config import wish_from_widgets
 from .prompt_networks import FERRY_NODES, PromptNetwork, prompt_networks
 

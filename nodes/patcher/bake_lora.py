@@ -21,10 +21,10 @@ from typing import Any
 import comfy.utils
 import torch
 
-from ..offload_core.model.bake import BakeChoice, BakeTarget, bake_patched, measure_copy_gbps
-from ..offload_core.model.layout import tensor_nbytes
-from ..offload_core.planner.disk_speed import cached as disk_speed
-from ..offload_core.policy import DiskTier, OffloadPolicy
+from ...offload_core.model.bake import BakeChoice, BakeTarget, bake_patched, measure_copy_gbps
+from ...offload_core.model.layout import tensor_nbytes
+from ...offload_core.planner.disk_speed import cached as disk_speed
+from ...offload_core.policy import DiskTier, OffloadPolicy
 
 log = logging.getLogger("ferry")
 Backup = collections.namedtuple("Backup", ["weight", "inplace_update"])  # core's own shape

@@ -13,15 +13,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ..offload_core import ConfigError
-from ..offload_core.planner import Choice, NetworkFacts, Wish, plan_graph
-from ..offload_core.planner import notes as plan_notes
-from ..offload_core.planner.facts import Kind
-from ..offload_core.planner.network_module import network_from_module
-from ..offload_core.tools.settings_file import load_settings
-from ..offload_core.units import GIB
+from ...offload_core import ConfigError
+from ...offload_core.planner import Choice, NetworkFacts, Wish, plan_graph
+from ...offload_core.planner import notes as plan_notes
+from ...offload_core.planner.facts import Kind
+from ...offload_core.planner.network_module import network_from_module
+from ...offload_core.tools.settings_file import load_settings
+from ...offload_core.units import GIB
+from ..input_error import NodeInputError, as_node_error
 from . import graph_plan
-from .config import AUTO_WIDGETS, NodeInputError, as_node_error, is_auto, resolve_widgets
+from .config import AUTO_WIDGETS, is_auto, resolve_widgets
 from .config import wish_from_widgets as wish_of_widgets
 
 log = logging.getLogger("ferry")

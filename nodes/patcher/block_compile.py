@@ -22,24 +22,22 @@ compiled output is compared with.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from comfy.patcher_extension import WrappersMP
-from comfy_api.latest import io
 
-from ..offload_core import ConfigError, find_offload
-from ..offload_core.model.regional_compile import CompiledBlocks, CompileSettings, repeated_blocks
-from .config import ComfyOffload, NodeInputError, as_node_error
+from ...offload_core import ConfigError, find_offload
+from ...offload_core.model.regional_compile import CompiledBlocks, CompileSettings
+from ..input_error import as_node_error
+from ..planning.config import ComfyOffload
 
 log = logging.getLogger("ferry")
 
 #: comfy_api.torch_helpers' names (strings there too; not imported: older cores lack them).
 COMPILE_KEY = "torch.compile"
 COMPILE_KWARGS = "torch_compile_kwargs"
-NODE_ID = "FerryCompileBlocks"
 
 
 def compiled_graphs() -> int:
@@ -126,52 +124,4 @@ def check(patcher: Any, config: ComfyOffload) -> None:
                 raise as_node_error(e) from None
 
 
-def _plain_clone(model: Any) -> Any:
-    # As core's TorchCompileModel: under dynamic VRAM (cores >= 0.15) the weights must not
-    # move behind the compiled graph.
-    if "disable_dynamic" in inspect.signature(model.clone).parameters:
-        return model.clone(disable_dynamic=True)
-    return model.clone()
-
-
-class FerryCompileBlocks(io.ComfyNode):
-    @classmethod
-    def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id=NODE_ID,
-            display_name="Ferry Compile Blocks",
-            category="Ferry",
-            description="TorchCompileModel for the repeated blocks only: each block is "
-            "compiled, one graph per kind of block, so it works with Ferry Offload Model "
-            "(before or after it) and without it. Core's TorchCompileModel on a model Ferry "
-            "streams does the same.",
-            inputs=[
-                io.Model.Input("model", tooltip="The diffusion model to compile."),
-                io.Combo.Input(
-                    "backend",
-                    options=["inductor", "cudagraphs"],
-                    tooltip="torch.compile's backend, as in TorchCompileModel. With Ferry "
-                    "Offload Model only inductor works (CUDA graphs fix weight addresses).",
-                ),
-            ],
-            outputs=[io.Model.Output(tooltip="The model, compiled block by block when it runs.")],
-        )
-
-    @classmethod
-    def execute(cls, model: Any, backend: str) -> io.NodeOutput:
-        dm = getattr(getattr(model, "model", None), "diffusion_model", None)
-        if dm is None or not repeated_blocks(dm):
-            raise NodeInputError(
-                "model",
-                "has no list of repeated blocks to compile; use TorchCompileModel for it",
-            )
-        m = _plain_clone(model)
-        kwargs = {"backend": backend, "options": None, "mode": None, "fullgraph": False,
-                  "dynamic": None}  # fmt: skip
-        m.remove_wrappers_with_key(WrappersMP.APPLY_MODEL, COMPILE_KEY)
-        m.model_options[COMPILE_KWARGS] = kwargs
-        m.add_wrapper_with_key(WrappersMP.APPLY_MODEL, COMPILE_KEY, BlockCompile(m.model_options))
-        return io.NodeOutput(m)
-
-
-__all__ = ["BlockCompile", "FerryCompileBlocks", "adopt", "check", "in_place_of"]
+__all__ = ["BlockCompile", "adopt", "check", "in_place_of"]

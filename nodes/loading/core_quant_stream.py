@@ -28,10 +28,10 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..offload_core import ConfigError
-from ..offload_core.sources.checkpoint import CheckpointIndex
-from ..offload_core.sources.load_trace import LoadTrace, header_state_dict, unsourced
-from . import comfy_core
+from ...offload_core import ConfigError
+from ...offload_core.sources.checkpoint import CheckpointIndex
+from ...offload_core.sources.load_trace import LoadTrace, header_state_dict, unsourced
+from ..patcher import comfy_core
 
 log = logging.getLogger("ferry")
 

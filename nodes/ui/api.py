@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..offload_core.errors import ConfigError
-from ..offload_core.tools.monitor import get_monitor
-from ..offload_core.tools.settings_file import (
+from ...offload_core.errors import ConfigError
+from ...offload_core.tools.monitor import get_monitor
+from ...offload_core.tools.settings_file import (
     Budgets,
     PanelSettings,
     default_settings_path,
@@ -21,13 +21,7 @@ from ..offload_core.tools.settings_file import (
     save_budgets,
     save_settings,
 )
-from .stats import (
-    current_offloads,
-    fresh_sample,
-    observe_prompt,
-    running_prompt_id,
-    stats_payload,
-)
+from .stats import current_offloads, fresh_sample, observe_prompt, running_prompt_id, stats_payload
 
 Reply = tuple[int, dict[str, Any]]
 
@@ -136,6 +130,6 @@ def panel_launcher() -> Callable[..., str]:
         raise ImportError(
             "the Ferry panel needs gradio in ComfyUI's Python: pip install 'gradio>=6,<7'"
         ) from None
-    from ..web.panel.server import launch_panel
+    from ...web.panel.server import launch_panel
 
     return launch_panel

@@ -10,20 +10,14 @@ from typing import Any
 
 import folder_paths
 
-from ..offload_core import ConfigError, DiskTier, OffloadPolicy
-from ..offload_core.planner import Choice, NetworkFacts
-from ..offload_core.planner.facts import Kind
-from ..offload_core.tools.settings_file import default_settings_path, load_settings
+from ...offload_core import ConfigError, DiskTier, OffloadPolicy
+from ...offload_core.planner import Choice, NetworkFacts
+from ...offload_core.planner.facts import Kind
+from ...offload_core.tools.settings_file import default_settings_path, load_settings
+from ..input_error import NodeInputError, as_node_error
+from ..loading.stream_loader import bytes_to_write
 from .auto_settings import network_in_hand, planned_widgets
-from .config import (
-    ComfyOffload,
-    NodeInputError,
-    as_node_error,
-    check_disk_folder,
-    policy_from_inputs,
-    policy_from_panel,
-)
-from .stream_loader import bytes_to_write
+from .config import ComfyOffload, check_disk_folder, policy_from_inputs, policy_from_panel
 
 
 def default_disk_path() -> str:

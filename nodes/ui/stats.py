@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..offload_core.planner import notes as plan_notes
-from ..offload_core.tools.monitor import OffloadSample, Sample
+from ...offload_core.planner import notes as plan_notes
+from ...offload_core.tools.monitor import OffloadSample, Sample
 from . import prompt_reads
 
 EVENT = "ferry.stats"
@@ -38,14 +38,14 @@ def running_prompt_id() -> str | None:
 
 def fresh_sample(device: str | None) -> Sample:
     """RAM and VRAM read now, shaped like the monitor's samples."""
-    from ..offload_core.tools.monitor import read_sample
+    from ...offload_core.tools.monitor import read_sample
 
     return read_sample(device)
 
 
 def current_offloads() -> list[OffloadSample]:
     """Every live offload's stats read now (the monitor's copy is up to a tick old)."""
-    from ..offload_core.tools.monitor import read_offloads
+    from ...offload_core.tools.monitor import read_offloads
 
     return read_offloads()
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
-from ..offload_core.disk import folder as disk_folder
-from ..offload_core.planner import Choice, Wish
-from ..offload_core.policy import (
+from ...offload_core import ConfigError, DiskTier, OffloadPolicy
+from ...offload_core.disk import folder as disk_folder
+from ...offload_core.planner import Choice, Wish
+from ...offload_core.policy import (
     AUTO,
     DEFAULT_HEADROOM_GB,
     LEVEL_NAMES,
@@ -24,8 +24,8 @@ from ..offload_core.policy import (
     parse_disk_path,
     parse_prefetch_depth,
 )
-from ..seam.controls import ControlNames
-from ..seam.offload import HeldOffload
+from ...seam.offload import HeldOffload
+from ..input_error import NodeInputError, as_node_error
 
 # Widget ids of "Ferry Offload Model". Stable forever: saved workflows refer to them.
 LEVELS = LEVEL_NAMES
@@ -38,39 +38,6 @@ VERIFY_CHOICES = ("first_read", "every_read")
 CPU_READ_CHOICES = ("auto", "mapped", "copy")
 # The optional widgets' defaults are the DiskTier's own (offload_inputs.py and
 # policy_from_inputs read them there), so a default is written once.
-
-#: Which widget fixes each setting: the ids both hosts share (seam/controls.py) and this
-#: node's own; a setting with no widget keeps its name.
-NAMES = ControlNames(
-    saved="use_panel_settings",
-    saved_help=(
-        "the Ferry panel's saved setting {setting!r} is invalid ({message}); fix it in "
-        "the panel, or turn use_panel_settings off and set the widgets here"
-    ),
-    extra={
-        "headroom_bytes": "headroom_gb",
-        "headroom_gb": "headroom_gb",
-        "direct_io": "direct_io",
-        "verify": "verify",
-        "cpu_read": "cpu_read",
-        "bake_lora": "bake_lora",
-        "quant_preset": "quant_preset",
-    },
-)
-
-
-class NodeInputError(FerryError, ValueError):
-    """A node input is invalid. ``input_name`` is the widget to change; str() starts with it."""
-
-    def __init__(self, input_name: str, message: str) -> None:
-        super().__init__(f"{input_name}: {message}")
-        self.input_name = input_name
-        self.message = message
-
-
-def as_node_error(err: ConfigError, *, panel: bool = False) -> NodeInputError:
-    """Re-labels an offload_core ConfigError with the widget that fixes it."""
-    return NodeInputError(*NAMES.relabel(err, saved=panel))
 
 
 def policy_from_inputs(

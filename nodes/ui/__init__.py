@@ -1,0 +1,1 @@
+"""What a user sees beside the nodes: the /ferry/ routes, the sidebar's pushed stats, the report."""
