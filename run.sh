@@ -17,9 +17,9 @@ if [ ! -x "$py" ]; then
   python3 -m venv "$venv"
 fi
 # Reinstall only when a requirements file changed since the last install (not the second
-# Gradio's file: it goes into its own venv, below, and must not reinstall this one).
+# Gradio's file nor comfy-cli's: each goes into its own venv, below, and must not reinstall this one).
 stamp="$venv/.ferry-stamp"
-want=$(cat constraints.txt $(ls requirements*.txt | grep -vx requirements-gradio4.txt) | sha256sum | cut -c1-16)
+want=$(cat constraints.txt $(ls requirements*.txt | grep -vxE 'requirements-(gradio4|comfycli).txt') | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "ferry: installing into $venv (torch==2.13.0 first, then the rest constrained to it)"
   "$py" -m pip install -q --disable-pip-version-check torch==2.13.0
@@ -42,11 +42,26 @@ gradio4_venv() {
   case "$v" in /*) ;; *) v=$PWD/$v ;; esac
   export FERRY_GRADIO4_PYTHON=${FERRY_GRADIO4_PYTHON:-$v/bin/python}
 }
+# The Comfy Registry's installer (comfy-cli) in its own venv, for tests/test_registry_pack.py.
+comfycli_venv() {
+  local v=${FERRY_COMFYCLI_VENV:-.venv-comfycli}
+  [ -x "$v/bin/python" ] || python3 -m venv "$v"
+  local wantc
+  wantc=$(cat constraints.txt requirements-comfycli.txt | sha256sum | cut -c1-16)
+  if [ "$(cat "$v/.ferry-stamp" 2>/dev/null)" != "$wantc" ]; then
+    echo "ferry: installing comfy-cli into $v (the Registry's installer, for its tests)"
+    "$v/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -r requirements-comfycli.txt
+    echo "$wantc" > "$v/.ferry-stamp"
+  fi
+  case "$v" in /*) ;; *) v=$PWD/$v ;; esac
+  export FERRY_COMFY_CLI=${FERRY_COMFY_CLI:-$v/bin/comfy}
+}
 case "$job" in
   panel) exec "$py" tools/panel.py "$@" ;;
   demo)  exec "$py" -m offload_core.tools.demo "$@" ;;
   test)
     gradio4_venv
+    comfycli_venv
     "$py" -m ruff check .
     "$py" -m ruff format --check .
     "$py" -m mypy
