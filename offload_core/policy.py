@@ -90,6 +90,15 @@ class DiskTier:
 
     def validate(self) -> None:
         parse_disk_path(self.path)
+        self.validate_options()
+
+    def validate_options(self) -> None:
+        """All but the folder; checked for every tier, so a wrong one is never dropped unread."""
+        if self.source_checkpoint is not None and not isinstance(self.source_checkpoint, str):
+            raise ConfigError(
+                "source_checkpoint",
+                f"must be a safetensors file's path or empty, got {self.source_checkpoint!r:.60}",
+            )
         if not isinstance(self.direct_io, bool):
             raise ConfigError("direct_io", f"must be true or false, got {self.direct_io!r}")
         if self.verify not in ("first_read", "every_read"):
@@ -228,20 +237,26 @@ def _level_from_dict(d: dict[str, Any]) -> Level:
 
 def _tier_from_dict(d: dict[str, Any]) -> Tier:
     tier_name = d.get("tier", "pinned")
-    if tier_name == "pinned":
-        return PinnedRamTier()
-    if tier_name == "ram":
-        return RamTier()
-    if tier_name != "disk":
-        raise ConfigError("tier", f"must be 'pinned', 'ram' or 'disk', got {tier_name!r}")
+    if tier_name not in ("pinned", "ram", "disk"):
+        raise ConfigError("tier", f"must be 'pinned', 'ram' or 'disk', got {tier_name!r:.60}")
     defaults = DiskTier("")
     # None (the flat form of a non-disk tier, or a widget left empty) means the default.
     options = {k: d.get(k) for k in ("direct_io", "verify", "cpu_read")}
-    return DiskTier(
-        d.get("disk_path") or "",
+    path = d.get("disk_path")
+    if path is not None and not isinstance(path, str):
+        raise ConfigError("disk_path", f"must be a folder's path or empty, got {path!r:.60}")
+    disk = DiskTier(
+        path or "",
         d.get("source_checkpoint"),
         **{k: getattr(defaults, k) if v is None else v for k, v in options.items()},
     )
+    if tier_name == "pinned":
+        disk.validate_options()  # unused by this tier, but a wrong one is still refused
+        return PinnedRamTier()
+    if tier_name == "ram":
+        disk.validate_options()
+        return RamTier()
+    return disk
 
 
 # ---- One parser per setting -----------------------------------------------------------------
@@ -323,8 +338,9 @@ def parse_gib(setting: str, value: Any, help_text: str) -> int | None:
         if not _GB_TEXT.fullmatch(text):
             raise ConfigError(setting, f"{value!r} is not a budget; {help_text}")
         gb = float(_GB_TEXT.fullmatch(text).group(1))  # type: ignore[union-attr]
-    if not math.isfinite(gb) or gb < 0:
-        raise ConfigError(setting, f"{value!r} is not a budget; {help_text}")
+    # gb * GIB too: 1e308 GiB is a finite float whose bytes are not (int() would raise).
+    if not math.isfinite(gb * GIB) or gb < 0:
+        raise ConfigError(setting, f"{value!r:.60} is not a budget; {help_text}")
     n = int(gb * GIB)
     if n == 0 and gb > 0:
         raise ConfigError(setting, f"{value!r} GiB is less than one byte; {help_text}")

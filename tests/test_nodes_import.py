@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from tests.conftest import PACK_NAME, REPO
 
 PURE_MODULES = (
     "input_error", "planning.config", "patcher.live_layout", "patcher.dynamic",
-    "patcher.recovery", "ui.stats", "ui.report", "ui.api", "ui.pusher", "ui.prompt_reads", "planning.prompt_networks",
+    "patcher.recovery", "ui.stats", "ui.report", "ui.api", "ui.json_body", "ui.pusher", "ui.prompt_reads", "planning.prompt_networks",
 )  # fmt: skip
 COMFY_MODULES = (
     "extension", "offload_node", "loader_node", "report_node", "text_encoder_node",
@@ -117,6 +118,11 @@ print(json.dumps(errs))
 """
     )
     for m, missing in r.items():
+        if m == "ui.routes" and missing is None:
+            # Its only host module is aiohttp, which the dev requirements install (the route
+            # fuzz test serves it): importing it there is right, not a missed ComfyUI import.
+            assert importlib.util.find_spec("aiohttp") is not None, m
+            continue
         assert missing is not None and missing.split(".")[0] in {
             "comfy",
             "comfy_api",

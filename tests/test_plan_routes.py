@@ -38,10 +38,24 @@ def test_post_plan_takes_the_prompt_or_the_queued_payload() -> None:
     assert seen == [PROMPT, PROMPT]
 
 
-@pytest.mark.parametrize("body", [None, [], {}, {"prompt": {"1": {"inputs": {}}}}, "x"])
+@pytest.mark.parametrize("body", [None, [], {}, {"prompt": 7}, {"prompt": []}, "x"])
 def test_post_plan_refuses_what_is_not_a_workflow(body: Any) -> None:
     status, reply = api.post_plan(body, lambda p: pytest.fail("planned a non-workflow"))
     assert status == 400 and reply["setting"] == "prompt" and "API format" in reply["error"]
+
+
+@pytest.mark.parametrize(
+    ("body", "setting"),
+    [({"prompt": {"1": {"inputs": {}}}}, "prompt.1.class_type"),
+     ({"1": {"class_type": "", "inputs": {}}}, "1.class_type"),
+     ({"1": {"class_type": 5, "inputs": {}}}, "1.class_type"),
+     ({"prompt": {"1": []}}, "prompt.1"),
+     ({"2": {"class_type": "KSampler", "inputs": 1}}, "2.inputs"),
+     ({"2": {"class_type": "KSampler"}}, "2.inputs")],
+)  # fmt: skip
+def test_post_plan_names_the_node_field_that_is_wrong(body: Any, setting: str) -> None:
+    status, reply = api.post_plan(body, lambda p: pytest.fail("planned a non-workflow"))
+    assert status == 400 and reply["setting"] == setting and reply["error"].startswith(setting)
 
 
 def test_post_plan_turns_a_planner_error_into_a_400_naming_the_setting() -> None:
@@ -73,7 +87,7 @@ def test_budgets_round_trip_and_keep_the_other_settings(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("body", "setting"),
-    [({"vram_gb": "-1"}, "vram_budget_gb"), ({"ram_gb": "lots"}, "ram_budget_gb"),
+    [({"vram_gb": "-1"}, "vram_gb"), ({"ram_gb": "lots"}, "ram_gb"), ({"vram_gb": 1e308}, "vram_gb"),
      ({"disk_gb": 1}, "disk_gb"), ([], "budgets")],
 )  # fmt: skip
 def test_bad_budgets_are_refused_naming_them(tmp_path: Path, body: Any, setting: str) -> None:

@@ -64,18 +64,46 @@ def put_settings(body: Any, path: str | Path | None = None) -> Reply:
 def post_plan(body: Any, plan: Callable[[dict[str, Any]], dict[str, Any]]) -> Reply:
     """The pre-flight: ``body`` is the workflow in API format, or the payload the frontend
     queues (``{"prompt": {...}, ...}``); ``plan`` plans it (headers only, no weight)."""
-    prompt = body.get("prompt", body) if isinstance(body, dict) else None
-    nodes = prompt.values() if isinstance(prompt, dict) else ()
-    if not prompt or not all(isinstance(n, dict) and "class_type" in n for n in nodes):
+    queued = isinstance(body, dict) and "prompt" in body
+    prompt = body["prompt"] if queued else body
+    bad = _workflow_error(prompt, "prompt." if queued else "")
+    if bad is not None:
+        return bad
+    try:
+        return 200, plan(prompt)
+    except ConfigError as e:
+        return 400, {"error": str(e), "setting": e.setting}
+
+
+def _workflow_error(prompt: Any, prefix: str) -> Reply | None:
+    """A 400 naming the first field that keeps ``prompt`` from being a workflow in API format
+    ({node id: {class_type, inputs}}); None when it is one."""
+    if not isinstance(prompt, dict) or not prompt:
         return 400, {
             "error": "send the workflow in API format: {node id: {class_type, inputs}}, "
             'or the queued payload {"prompt": {...}}',
             "setting": "prompt",
         }
-    try:
-        return 200, plan(prompt)  # type: ignore[arg-type]
-    except ConfigError as e:
-        return 400, {"error": str(e), "setting": e.setting}
+    for node_id, node in prompt.items():
+        where = f"{prefix}{node_id}"
+        if not isinstance(node, dict):
+            return 400, {
+                "error": f"{where}: a node is a JSON object {{class_type, inputs}}, got {node!r:.60}",
+                "setting": where,
+            }  # fmt: skip
+        class_type = node.get("class_type")
+        if not isinstance(class_type, str) or not class_type:
+            return 400, {
+                "error": f"{where}.class_type: must be a node's type name, got {class_type!r:.60}",
+                "setting": f"{where}.class_type",
+            }  # fmt: skip
+        if not isinstance(node.get("inputs"), dict):
+            return 400, {
+                "error": f"{where}.inputs: must be a JSON object of the node's inputs, "
+                f"got {node.get('inputs')!r:.60}",
+                "setting": f"{where}.inputs",
+            }
+    return None
 
 
 def get_budgets(path: str | Path | None = None) -> Reply:
@@ -96,10 +124,10 @@ def put_budgets(body: Any, path: str | Path | None = None) -> Reply:
     return 200, {"budgets": (saved.budgets or Budgets()).to_dict(), "error": None}
 
 
-def start_panel(body: Any, launch: Callable[..., str], is_busy: Callable[[], bool] | None) -> Reply:
-    """Starts the Gradio panel on 127.0.0.1 (optionally on ``{"port": n}``); returns its URL."""
+def panel_body_error(body: Any) -> Reply | None:
+    """A 400 naming what is wrong with a /ferry/panel body ({} or {"port": n}); None if nothing."""
     if body is None:
-        body = {}
+        return None
     if not isinstance(body, dict):
         return 400, {"error": 'send a JSON object, e.g. {} or {"port": 7861}', "setting": "body"}
     unknown = set(body) - {"port"}
@@ -112,7 +140,16 @@ def start_panel(body: Any, launch: Callable[..., str], is_busy: Callable[[], boo
     if port is not None and (
         isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536
     ):
-        return 400, {"error": f"port must be 1..65535 or absent, got {port!r}", "setting": "port"}
+        return 400, {"error": f"port must be 1..65535 or absent, got {port!r:.60}", "setting": "port"}  # fmt: skip
+    return None
+
+
+def start_panel(body: Any, launch: Callable[..., str], is_busy: Callable[[], bool] | None) -> Reply:
+    """Starts the Gradio panel on 127.0.0.1 (optionally on ``{"port": n}``); returns its URL."""
+    bad = panel_body_error(body)
+    if bad is not None:
+        return bad
+    port = (body or {}).get("port")
     try:
         url = launch("127.0.0.1", port, is_busy=is_busy)
     except ConfigError as e:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 from typing import Any
 
@@ -13,6 +12,7 @@ from aiohttp import web
 
 from ..patcher.live_layout import release_from_panel
 from . import api
+from .json_body import BodyError, read_json_object
 from .pusher import ensure_pushing
 
 log = logging.getLogger("ferry")
@@ -25,14 +25,17 @@ def _reply(result: api.Reply) -> web.Response:
 
 
 async def _json_body(request: web.Request) -> tuple[Any, web.Response | None]:
-    if not request.can_read_body:
-        return None, None
+    """The body as a JSON object, or the 4xx reply naming what to change (json_body.py)."""
     try:
-        return await request.json(), None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as e:
         return None, web.json_response(
-            {"error": "the body is not valid JSON", "setting": "body"}, status=400
+            {"error": f"the body is too large: {e.text}", "setting": "body"}, status=413
         )
+    try:
+        return read_json_object(raw), None
+    except BodyError as e:
+        return None, web.json_response({"error": str(e), "setting": e.setting}, status=400)
 
 
 def _is_busy() -> bool:
@@ -99,6 +102,9 @@ def register(routes: web.RouteTableDef) -> None:
         body, err = await _json_body(request)
         if err is not None:
             return err
+        bad = api.panel_body_error(body)  # before gradio's import: a bad body is always a 400
+        if bad is not None:
+            return _reply(bad)
         try:
             launch = functools.partial(api.panel_launcher(), reapply_hook=release_from_panel)
         except ImportError as e:

@@ -88,8 +88,10 @@ class Budgets:
         if unknown:
             raise ConfigError(sorted(unknown)[0], "unknown budget; known: ['ram_gb', 'vram_gb']")
         return cls(
-            parse_gib("vram_budget_gb", d.get("vram_gb"), _BUDGET_HELP),
-            parse_gib("ram_budget_gb", d.get("ram_gb"), _BUDGET_HELP),
+            # Named by their keys here (the route's body, the file's "budgets"), not by the
+            # node's vram_budget_gb: the sidebar's box is what to change.
+            parse_gib("vram_gb", d.get("vram_gb"), _BUDGET_HELP),
+            parse_gib("ram_gb", d.get("ram_gb"), _BUDGET_HELP),
         )
 
 

@@ -73,7 +73,7 @@ def test_the_preflight_plans_a_workflow_from_headers(client: Client) -> None:
     assert net["tier"] in ("ram", "disk") and net["reason"].startswith(net["tier"])
     assert body["fits"] and body["verdict"].startswith("fits: ") and body["peak_ram"] > 0
     status, bad = client.post("/ferry/plan", {"prompt": {"1": {"inputs": {}}}})
-    assert status == 400 and bad["setting"] == "prompt"
+    assert status == 400 and bad["setting"] == "prompt.1.class_type"
 
 
 def test_a_budget_set_through_the_route_applies_next_prompt(
