@@ -140,12 +140,15 @@ WEIGHT_DTYPES = {
 }
 
 
-def _part(path: str, spec: Loader, name: str, rule: Any, widget: str) -> NetworkFacts | None:
+def _part(
+    path: str, spec: Loader, name: str, rule: Any, widget: str, preset: str | None
+) -> NetworkFacts | None:
     """The network ``spec`` finds in ``path`` under its first prefix that has tensors."""
     for prefix in spec.prefixes:
         facts = network_from_file(
-            path, name=name, kind=spec.kind, prefix=prefix, cast=rule, setting=widget
-        )
+            path, name=name, kind=spec.kind, prefix=prefix, cast=rule, setting=widget,
+            preset=preset,
+        )  # fmt: skip
         if facts.nbytes:
             return facts
     return None
@@ -157,6 +160,9 @@ def _facts(
     """The network ``spec`` reads from the loader node's files (None: none of its tensors
     are there, e.g. a checkpoint without a VAE)."""
     rule = WEIGHT_DTYPES.get(node.get("inputs", {}).get("weight_dtype")) or cast(spec.kind)
+    # Ferry's quantizing loader: its preset's Linears count at the preset's bytes.
+    preset = node.get("inputs", {}).get("quant_preset")
+    preset = preset if isinstance(preset, str) else None
     parts = []
     for widget in spec.files:
         name = node.get("inputs", {}).get(widget)
@@ -164,7 +170,7 @@ def _facts(
         if path is None:
             raise ConfigError(widget, f"{name!r} is not in models/{spec.folder} (node {loader_id})")
         stem = os.path.splitext(os.path.basename(name))[0]  # type: ignore[arg-type]
-        part = _part(path, spec, stem, rule, widget)
+        part = _part(path, spec, stem, rule, widget, preset)
         if part is not None:
             parts.append(part)
     if not parts:
@@ -176,6 +182,7 @@ def _facts(
         block_bytes=tuple(b for p in parts for b in p.block_bytes),
         longest_list=max(p.longest_list or len(p.block_bytes) for p in parts),
         in_place=all(p.in_place for p in parts),
+        transient_bytes=max(p.transient_bytes for p in parts),
         file=" + ".join(p.file or "" for p in parts),
     )
 

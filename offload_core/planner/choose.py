@@ -135,7 +135,12 @@ def plan_graph(
     if chosen is None:  # refused: the choices are still drawn, for the pre-flight to show
         chosen = Split(tuple((fixed_tier(n) or ("disk",))[0] for n in nets), 0, None)
     choices = tuple(_choose(i, nets, machine, chosen, room, first) for i in range(len(nets)))
-    vram = [c.vram_resident + c.sizing.slot_bytes for c in choices]
+    vram = [
+        c.vram_resident
+        + c.sizing.slot_bytes
+        + (c.network.transient_bytes if c.network.ferry else 0)
+        for c in choices
+    ]
     need = sum(c.ram_bytes for c in choices)
     warning = None
     if refusal is None and need > room:
@@ -162,12 +167,13 @@ def plan_graph(
 
 
 def _working(net: NetworkFacts, machine: MachineFacts, s: Sizing) -> int:
-    """RAM a network takes besides its host tier: on a CPU its slots and what lies outside
-    its blocks (the onload device is RAM); on a GPU the staging ring a disk or RAM tier reads
-    through, a slot's size ([Note: the RAM tier through staging])."""
+    """RAM a network takes besides its host tier: on a CPU its slots, what lies outside its
+    blocks and a quantized layer's dequantized copy while it computes (the onload device is
+    RAM); on a GPU the staging ring a disk or RAM tier reads through, a slot's size ([Note:
+    the RAM tier through staging])."""
     if machine.on_gpu:
         return s.slot_bytes if net.wish.tier in ("disk", "ram") else 0
-    return s.slot_bytes + net.outside_bytes
+    return s.slot_bytes + net.outside_bytes + net.transient_bytes
 
 
 def _choose(
@@ -182,14 +188,18 @@ def _choose(
     s = size(net, tier, machine, room_for_slots)
     if not net.ferry:  # the host's own load: whole in RAM, nothing of Ferry's
         reason = _tier_clause(i, nets, machine, sp, room)
-        return Choice(net, "ram", Sizing(1, 1, 0, 1), 0, net.nbytes, 0, reason)
+        # On a CPU its quantized layers' dequantized copies are RAM too.
+        ram = net.nbytes + (0 if machine.on_gpu else net.transient_bytes)
+        return Choice(net, "ram", Sizing(1, 1, 0, 1), 0, ram, 0, reason)
     vram = machine.vram_for_ferry
     resident = 0
-    if vram is not None and net.nbytes <= vram:
+    if vram is not None and net.nbytes + net.transient_bytes <= vram:
         # The whole network fits while it runs (vram_budget auto keeps it): nothing streams.
         resident, s = net.nbytes, Sizing(s.blocks_per_group, 1, 0, s.n_groups)
     elif vram is not None:
-        resident = min(net.nbytes - s.group_bytes, max(0, vram - s.slot_bytes))
+        resident = min(
+            net.nbytes - s.group_bytes, max(0, vram - s.slot_bytes - net.transient_bytes)
+        )
     working = _working(replace(net, wish=replace(net.wish, tier=tier)), machine, s)
     # A GPU's resident share still counts in its host tier: when the host unloads the network
     # to make room for the next one, it goes back there.

@@ -84,6 +84,9 @@ class NetworkFacts:
     longest_list: int = 0
     #: False: no Ferry node offloads it; the host keeps it whole in RAM (its tier is "ram").
     ferry: bool = True
+    #: Its largest layer's dequantized copy in the compute dtype, made while that layer
+    #: computes (a quantized format's: stored_sizes.py); memory of the onload device.
+    transient_bytes: int = 0
 
     @property
     def outside_bytes(self) -> int:
