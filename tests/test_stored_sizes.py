@@ -217,6 +217,9 @@ def test_gguf_is_planned_as_stored(tmp_path: Path, mix: str) -> None:
         assert net.transient_bytes == GW * GW * cast.itemsize
         olds.append(old_rule(path, cast))
     assert any(old != stored for old in olds)  # the old cast widened F16 or narrowed F32
+    # Core's rule, asked about a file whose tensors it keeps, still names the compute dtype.
+    ruled = network_from_file(path, name="g", kind="model", cast=lambda d, n: torch.bfloat16)
+    assert ruled.nbytes == stored and ruled.transient_bytes == GW * GW * 2
 
 
 def test_a_torchao_preset_counts_its_stored_bytes(tmp_path: Path) -> None:

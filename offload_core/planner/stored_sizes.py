@@ -221,8 +221,11 @@ def _casts(
     main = _main_plain(entries, plain)
     ruled = callable(cast)
     if callable(cast):
+        # A file with no plain floats (a GGUF's) still asks: the answer is its compute dtype.
+        floats = [k for k, t in entries.items() if t.dtype.is_floating_point]
+        asked = main or _main_plain(entries, floats)
         params = sum(_numel(t.shape) for t in entries.values())
-        cast = cast(main, params) if main is not None else None
+        cast = cast(asked, params) if asked is not None else None
     # A host converts fp8 where the cast is 8-bit itself, or where its own rule chose a dtype
     # for a plain fp8 file (core's unet_dtype widens one it has room for); a host computing
     # wider keeps fp8 storage and casts per use.
