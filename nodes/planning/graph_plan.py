@@ -115,6 +115,7 @@ def host_machine(disk_folder: str | None, budgets: tuple[int | None, int | None]
         pin_limit=_pin_limit() if on_gpu else None,
         vram_budget=budgets[0],
         ram_budget=budgets[1],
+        probe=True,  # a prompt's folder: its speed measured the first time it is planned
     )
     return replace(machine, ram_available=machine.ram_available + _live_host_ram())
 
