@@ -27,7 +27,7 @@ from ...offload_core.planner.machine import read_machine
 from ...offload_core.runtime.memory import process_memory
 from ...offload_core.tools.monitor import read_offloads
 from .config import wish_from_widgets
-from .prompt_networks import FERRY_NODES, PromptNetwork, prompt_networks
+from .prompt_networks import FERRY_NODES, PromptNetwork, prompt_networks, sampler_steps
 
 log = logging.getLogger("ferry")
 
@@ -164,7 +164,9 @@ def plan_prompt(
     ]
     machine = host_machine(_disk_folder(prompt, default_folder), budgets)
     process = max(0, process_memory().rss - sum(n.facts.held_bytes for n in networks))
-    plan = plan_graph(machine, [n.facts for n in networks], process_ram=process)
+    plan = plan_graph(
+        machine, [n.facts for n in networks], process_ram=process, steps=sampler_steps(prompt)
+    )
     return PromptPlan(tuple(networks), plan)
 
 

@@ -119,6 +119,21 @@ def _upstream_loader(prompt: dict[str, Any], node_id: str, key: str) -> str | No
     return None
 
 
+def sampler_steps(prompt: dict[str, Any]) -> int | None:
+    """The steps of the sampler that reads the diffusion model most (``reads_per_prompt``'s);
+    None where the prompt has no sampler of ours to count."""
+    best: tuple[float, int] | None = None
+    for node in prompt.values():
+        inputs = node.get("inputs", {}) if isinstance(node, dict) else {}
+        steps = inputs.get("steps")
+        if node.get("class_type") in SAMPLERS and isinstance(steps, int) and steps > 0:
+            cfg = inputs.get("cfg", 1.0)
+            reads = steps * (1 if isinstance(cfg, (int, float)) and cfg == 1.0 else 2)
+            if best is None or reads > best[0]:
+                best = (reads, steps)
+    return None if best is None else best[1]
+
+
 def reads_per_prompt(prompt: dict[str, Any]) -> float:
     """How often a prompt reads the diffusion model: each sampler's steps, twice a step
     where its cfg is not 1 (the negative prompt runs too); the largest sampler's."""

@@ -18,6 +18,7 @@ from ..units import fmt_bytes
 from .facts import MachineFacts, NetworkFacts
 from .sizing import Sizing, pace_phrase, size
 from .tiers import Split, disk_takes, fixed_tier, host_bytes, split
+from .timing import Timing, network_timing, per_step, time_sentence
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class Choice:
     ram_bytes: int  # its host tier's RAM (pinned or plain) plus its working RAM
     disk_bytes: int  # written to the disk folder (0 where read from its own file)
     reason: str
+    #: Its predicted seconds and disk reads (timing.py); set by plan_graph.
+    timing: Timing | None = None
 
     @property
     def blocks_per_group(self) -> int:
@@ -48,11 +51,15 @@ class Choice:
             "prefetch_depth": self.prefetch_depth, "group_bytes": self.sizing.group_bytes,
             "vram_resident": self.vram_resident, "ram_bytes": self.ram_bytes,
             "disk_bytes": self.disk_bytes, "disk_read_per_prompt": self.disk_read_per_prompt,
-            "reason": self.reason,
+            "transient_bytes": n.transient_bytes, "reason": self.reason,
+            **(self.timing.as_dict() if self.timing else {}),
         }  # fmt: skip
 
     @property
     def disk_read_per_prompt(self) -> int:
+        """Bytes a prompt reads from the disk for it: its streamed share, every read."""
+        if self.timing is not None:
+            return self.timing.disk_read_bytes
         return (
             int(self.network.nbytes * self.network.reads_per_prompt) if self.tier == "disk" else 0
         )
@@ -72,6 +79,9 @@ class GraphPlan:
     refusal: ConfigError | None = None
     #: Where the RAM room is short but nothing is refused: what may not fit, and what to change.
     warning: str | None = None
+    #: The sampler's steps (None: not known) and the predicted time (timing.py).
+    steps: int | None = None
+    time: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -104,8 +114,26 @@ class GraphPlan:
             "disk_bytes": self.disk_bytes, "ram_room": self.ram_room, "fits": self.fits,
             "verdict": self.verdict(),
             "setting": None if self.refusal is None else self.refusal.setting,
-            "warning": self.warning,
+            "warning": self.warning, "time": self.time,
+            "seconds_per_step": self.seconds_per_step, "seconds_per_prompt": self.seconds_per_prompt,
+            "disk_read_per_prompt": sum(c.disk_read_per_prompt for c in self.choices),
         }  # fmt: skip
+
+    def _timings(self) -> list[Timing]:
+        return [c.timing for c in self.choices if c.timing is not None]
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        """A sampling step's seconds (transfer-bound where no compute was measured)."""
+        timed = self._timings()
+        if self.steps is None or len(timed) != len(self.choices):
+            return None
+        return round(per_step([c.network for c in self.choices], timed, self.steps), 3)
+
+    @property
+    def seconds_per_prompt(self) -> float:
+        """The first prompt's seconds: every network's load and reads."""
+        return round(sum(t.prompt_s for t in self._timings()), 3)
 
 
 def ram_room(machine: MachineFacts, nets: list[NetworkFacts]) -> int:
@@ -119,11 +147,16 @@ def ram_room(machine: MachineFacts, nets: list[NetworkFacts]) -> int:
 
 
 def plan_graph(
-    machine: MachineFacts, nets: list[NetworkFacts], *, process_ram: int = 0
+    machine: MachineFacts,
+    nets: list[NetworkFacts],
+    *,
+    process_ram: int = 0,
+    steps: int | None = None,
 ) -> GraphPlan:
     """Plans ``nets`` together on ``machine``. ``process_ram``: the host's own RAM besides
-    the networks (for the predicted peak). Never raises for a plan that does not fit: the
-    plan carries the refusal (``check()`` raises it), so a pre-flight can show it."""
+    the networks (for the predicted peak); ``steps``: the sampler's (for the time a step).
+    Never raises for a plan that does not fit: the plan carries the refusal (``check()``
+    raises it), so a pre-flight can show it."""
     for n in nets:
         n.wish.validate()
     room = ram_room(machine, nets)
@@ -134,7 +167,9 @@ def plan_graph(
     chosen = split(nets, machine, room, first) if refusal is None else None
     if chosen is None:  # refused: the choices are still drawn, for the pre-flight to show
         chosen = Split(tuple((fixed_tier(n) or ("disk",))[0] for n in nets), 0, None)
-    choices = tuple(_choose(i, nets, machine, chosen, room, first) for i in range(len(nets)))
+    choices = tuple(
+        _timed(_choose(i, nets, machine, chosen, room, first), machine) for i in range(len(nets))
+    )
     vram = [
         c.vram_resident
         + c.sizing.slot_bytes
@@ -142,18 +177,7 @@ def plan_graph(
         for c in choices
     ]
     need = sum(c.ram_bytes for c in choices)
-    warning = None
-    if refusal is None and need > room:
-        warning = (
-            f"the networks need {fmt_bytes(need)} of RAM and {fmt_bytes(room)} is available "
-            f"for Ferry (after {fmt_bytes(machine.ram_headroom)} headroom); free RAM, raise the "
-            "RAM budget, put the networks no Ferry node offloads behind one, or "
-            + (
-                "set their tier to auto or disk"
-                if any(n.wish.tier in ("ram", "pinned") for n in nets)
-                else "give a disk folder with room (disk_path)"
-            )
-        )
+    warning = _short_of_ram(nets, machine, need, room) if refusal is None else None
     return GraphPlan(
         machine=machine,
         choices=choices,
@@ -163,7 +187,31 @@ def plan_graph(
         disk_bytes=sum(c.disk_bytes for c in choices),
         refusal=refusal,
         warning=warning,
+        steps=steps,
+        time=time_sentence(nets, [c.timing for c in choices if c.timing], steps, machine),
     )
+
+
+def _short_of_ram(
+    nets: list[NetworkFacts], machine: MachineFacts, need: int, room: int
+) -> str | None:
+    """The warning where the networks need more RAM than the room (None: they fit)."""
+    if need <= room:
+        return None
+    return (
+        f"the networks need {fmt_bytes(need)} of RAM and {fmt_bytes(room)} is available "
+        f"for Ferry (after {fmt_bytes(machine.ram_headroom)} headroom); free RAM, raise the "
+        "RAM budget, put the networks no Ferry node offloads behind one, or "
+        + (
+            "set their tier to auto or disk"
+            if any(n.wish.tier in ("ram", "pinned") for n in nets)
+            else "give a disk folder with room (disk_path)"
+        )
+    )
+
+
+def _timed(c: Choice, machine: MachineFacts) -> Choice:
+    return replace(c, timing=network_timing(c.network, c.tier, c.vram_resident, machine))
 
 
 def _working(net: NetworkFacts, machine: MachineFacts, s: Sizing) -> int:
