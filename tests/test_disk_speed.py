@@ -143,3 +143,19 @@ def test_a_plan_that_does_not_probe_says_assumed(tmp_path: Path) -> None:
     reason = on_disk(replace(m, vram_free=4 * GIB))
     assert f"{ASSUMED_DISK_GBPS:.1f} GB/s read (assumed) is slower than" in reason
     assert "(~20.0 GB/s, assumed)" in reason
+
+
+def test_without_direct_io_the_cache_is_dropped_and_without_either_nothing_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No O_DIRECT (some platforms and filesystems): buffered reads after DONTNEED, the
+    same bound. Neither (Windows): the reads would time the page cache, so no figure."""
+    monkeypatch.delattr(os, "O_DIRECT", raising=False)
+    with bytes_read() as n:
+        buffered = disk_probe.probe(tmp_path, max_bytes=16 * MIB)
+    assert buffered.gbps is not None and not buffered.direct
+    assert 0 < buffered.bytes_read <= 16 * MIB and n[0] <= 16 * MIB + 64 * 1024
+    monkeypatch.delattr(os, "posix_fadvise", raising=False)
+    cached = disk_probe.probe(tmp_path, max_bytes=16 * MIB)
+    assert cached.gbps is None and "page cache" in (cached.why or "")
+    assert list(tmp_path.iterdir()) == []

@@ -6,9 +6,10 @@ beside the disk tier's margin), stops writing or reading at ``max_seconds`` each
 only what it wrote. The reads must come from the disk, not from the page cache that the writes
 just filled: the file is written and read with O_DIRECT where the platform and the filesystem
 take it; otherwise it is fsynced and its cached pages dropped (posix_fadvise DONTNEED) before
-the read. It writes only inside a folder of its own under the disk folder, marked as Ferry's
-(disk/store.py's marker), and removes the file, the marker, the folder and any folder it had
-to create, whatever happens.
+the read (macOS: F_NOCACHE). A platform with none of these (Windows) would time its page
+cache, so it measures nothing there. It writes only inside a folder of its own under the disk
+folder, marked as Ferry's (disk/store.py's marker), and removes the file, the marker, the
+folder and any folder it had to create, whatever happens.
 """
 
 from __future__ import annotations
@@ -65,11 +66,13 @@ def probe(
         (where / MARKER).write_text(json.dumps({"ferry": 1, "pid": os.getpid(), "state": "probe"}))
         path = where / f"probe-{os.getpid()}.bin"
         written, direct = _write(path, size, max_seconds)
-        read, seconds = _read(path, written, direct, max_seconds)
+        read, seconds, uncached = _read(path, written, direct, max_seconds)
     except OSError as e:
-        return Probe(None, why=f"the speed probe could not write in {root} ({e.strerror or e})")
+        return Probe(None, why=f"the speed probe could not use {root} ({e.strerror or e})")
     finally:
         _clean(where, created)
+    if not uncached:  # the reads came from the page cache: RAM's speed, not the disk's
+        return Probe(None, read, why="this platform cannot read past its page cache")
     if not read or seconds <= 0:
         return Probe(None, read, direct, why=f"the speed probe read nothing back in {root}")
     return Probe(read / seconds / GB, read, direct)
@@ -126,15 +129,15 @@ def _write(path: Path, size: int, max_seconds: float) -> tuple[int, bool]:
     return written, direct
 
 
-def _read(path: Path, size: int, direct: bool, max_seconds: float) -> tuple[int, float]:
-    """Reads back at most ``size`` bytes in ``max_seconds``; (bytes read, seconds)."""
+def _read(path: Path, size: int, direct: bool, max_seconds: float) -> tuple[int, float, bool]:
+    """Reads back at most ``size`` bytes in ``max_seconds``; (bytes read, seconds, whether
+    the reads bypassed the page cache)."""
     buf = mmap.mmap(-1, CHUNK)
     if direct:
         fd, read_direct = _open(path, os.O_RDONLY)
     else:
         fd, read_direct = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0)), False
-    if not read_direct and hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    uncached = read_direct or _drop_cache(fd)
     read = 0
     try:
         start = time.perf_counter()
@@ -148,7 +151,26 @@ def _read(path: Path, size: int, direct: bool, max_seconds: float) -> tuple[int,
     finally:
         os.close(fd)
         buf.close()
-    return read, seconds
+    return read, seconds, uncached
+
+
+def _drop_cache(fd: int) -> bool:
+    """Keeps the reads of ``fd`` off the page cache where O_DIRECT could not: its cached
+    pages dropped (posix_fadvise, Linux and the BSDs), or caching off (macOS's F_NOCACHE,
+    whose cache the fsync'd writes may still hold: a fresh read of the rest is the disk's).
+    False where the platform has neither (Windows)."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return True
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    nocache = getattr(fcntl, "F_NOCACHE", None)
+    if nocache is None:
+        return False
+    fcntl.fcntl(fd, nocache, 1)
+    return True
 
 
 def _pread(fd: int, buf: mmap.mmap, offset: int) -> int:
@@ -159,15 +181,16 @@ def _pread(fd: int, buf: mmap.mmap, offset: int) -> int:
 
 
 def _clean(where: Path, created: list[Path]) -> None:
-    """Removes the probe's file, marker and folder, then the folders it created (empty)."""
+    """Removes the probe's file, then the marker and the folder where nothing else is in it
+    (another process's probe may be), then the folders it created (empty)."""
     if where.is_dir():
-        for p in where.iterdir():
-            if p.name == MARKER or p.name.startswith("probe-"):
-                p.unlink(missing_ok=True)
+        (where / f"probe-{os.getpid()}.bin").unlink(missing_ok=True)
+        if [p.name for p in where.iterdir()] == [MARKER]:
+            (where / MARKER).unlink(missing_ok=True)
         try:
             where.rmdir()
         except OSError:
-            pass  # something not the probe's is in it: left as found
+            pass  # another probe's file, or something not the probe's: left as found
     for p in created:
         try:
             p.rmdir()
