@@ -202,6 +202,18 @@ def test_a_plain_fp8_file_follows_the_hosts_rule_and_a_wider_cast_keeps_it(
     assert widened.nbytes == old_rule(path, torch.float32) and not widened.in_place
 
 
+def test_a_host_without_comfy_quant_loads_such_a_file_as_plain_floats(tmp_path: Path) -> None:
+    """ComfyUI v0.3.64 has no comfy_quant: it builds plain layers in its dtype and copies
+    the file's fp8 weights into them (measured: tests/comfyui's core check in the report)."""
+    path = save(tmp_path / "mixed.safetensors", comfy_fp8(dit()))
+    ruled = network_from_file(
+        path, name="m", kind="model", cast=lambda d, n: torch.bfloat16, keeps=("fp8_scaled",)
+    )
+    assert ruled.nbytes == old_rule(path, torch.bfloat16) and not ruled.in_place
+    kept = network_from_file(path, name="m", kind="model", cast=lambda d, n: torch.bfloat16)
+    assert kept.nbytes < ruled.nbytes
+
+
 @pytest.mark.parametrize("mix", ["q8_0", "k"])
 def test_gguf_is_planned_as_stored(tmp_path: Path, mix: str) -> None:
     from tests.gguf_standin import WIDTH as GW

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import comfy.model_management as mm
+import comfy.utils
 import folder_paths
 import torch
 
@@ -70,6 +71,14 @@ def _cast(kind: Kind) -> Callable[[torch.dtype, int], torch.dtype | None]:
         return mm.text_encoder_dtype(device)  # type: ignore[no-any-return]
 
     return rule
+
+
+def _keeps() -> tuple[str, ...]:
+    """Core's quantized formats this core loads as such: fp8_scaled always; comfy_quant from
+    v0.8 (``convert_old_quants``): v0.3.64 loads such a file's weights into plain layers."""
+    return ("fp8_scaled", "comfy_quant") if hasattr(comfy.utils, "convert_old_quants") else (
+        "fp8_scaled",
+    )  # fmt: skip
 
 
 def _find(folder: str, name: str) -> str | None:
@@ -160,7 +169,7 @@ def plan_prompt(
     held = held or {}
     networks = [
         replace(n, facts=replace(n.facts, held_bytes=held.get(n.ferry_id or "", 0)))
-        for n in prompt_networks(prompt, _find, _cast, wish_of)
+        for n in prompt_networks(prompt, _find, _cast, wish_of, _keeps())
     ]
     machine = host_machine(_disk_folder(prompt, default_folder), budgets)
     process = max(0, process_memory().rss - sum(n.facts.held_bytes for n in networks))

@@ -9,7 +9,7 @@ so CI walks prompts of any shape (tests/test_prompt_networks.py).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 from ...offload_core.errors import ConfigError
 from ...offload_core.planner.facts import Kind, NetworkFacts, Wish
 from ...offload_core.planner.network_file import network_from_file
+from ...offload_core.planner.stored_sizes import CORE_FORMATS
 
 
 @dataclass(frozen=True)
@@ -156,13 +157,14 @@ WEIGHT_DTYPES = {
 
 
 def _part(
-    path: str, spec: Loader, name: str, rule: Any, widget: str, preset: str | None
+    path: str, spec: Loader, name: str, rule: Any, widget: str, how: tuple[Any, Any]
 ) -> NetworkFacts | None:
-    """The network ``spec`` finds in ``path`` under its first prefix that has tensors."""
+    """The network ``spec`` finds in ``path`` under its first prefix that has tensors;
+    ``how``: its loader's torchao preset and the quantized formats the host keeps."""
     for prefix in spec.prefixes:
         facts = network_from_file(
             path, name=name, kind=spec.kind, prefix=prefix, cast=rule, setting=widget,
-            preset=preset,
+            preset=how[0], keeps=how[1],
         )  # fmt: skip
         if facts.nbytes:
             return facts
@@ -170,7 +172,12 @@ def _part(
 
 
 def _facts(
-    loader_id: str, node: dict[str, Any], spec: Loader, find: Find, cast: Cast
+    loader_id: str,
+    node: dict[str, Any],
+    spec: Loader,
+    find: Find,
+    cast: Cast,
+    keeps: Collection[str] = CORE_FORMATS,
 ) -> NetworkFacts | None:
     """The network ``spec`` reads from the loader node's files (None: none of its tensors
     are there, e.g. a checkpoint without a VAE)."""
@@ -185,7 +192,7 @@ def _facts(
         if path is None:
             raise ConfigError(widget, f"{name!r} is not in models/{spec.folder} (node {loader_id})")
         stem = os.path.splitext(os.path.basename(name))[0]  # type: ignore[arg-type]
-        part = _part(path, spec, stem, rule, widget, preset)
+        part = _part(path, spec, stem, rule, widget, (preset, keeps))
         if part is not None:
             parts.append(part)
     if not parts:
@@ -203,10 +210,15 @@ def _facts(
 
 
 def prompt_networks(
-    prompt: dict[str, Any], find: Find, cast: Cast, wish_of: WishOf
+    prompt: dict[str, Any],
+    find: Find,
+    cast: Cast,
+    wish_of: WishOf,
+    keeps: Collection[str] = CORE_FORMATS,
 ) -> list[PromptNetwork]:
     """Every network ``prompt`` loads, Ferry's or not: diffusion models, text encoders,
-    ControlNets, model patches, CLIP vision models, VAEs."""
+    ControlNets, model patches, CLIP vision models, VAEs. ``keeps``: core's quantized
+    formats this host loads as such (planner/stored_sizes.py)."""
     if not isinstance(prompt, dict):
         raise ConfigError(
             "prompt", "send the workflow in API format: {node id: {class_type, inputs}}"
@@ -226,7 +238,7 @@ def prompt_networks(
     for loader_id, node in prompt.items():
         specs = LOADERS.get(node.get("class_type", "")) if isinstance(node, dict) else None
         for spec in specs or ():
-            facts = _facts(loader_id, node, spec, find, cast)
+            facts = _facts(loader_id, node, spec, find, cast, keeps)
             if facts is None:
                 continue
             ferry_id = ferry_of.get((loader_id, spec.kind))

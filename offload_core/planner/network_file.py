@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from ..formats.gguf import MAGIC
 from ..formats.safetensors import read_checkpoint_header
 from .facts import Kind, NetworkFacts, Wish
-from .stored_sizes import Cast, held_sizes
+from .stored_sizes import CORE_FORMATS, Cast, held_sizes
 
 _INDEXED = re.compile(r"^(.*?)\.(\d+)\.(.+)$")
 
@@ -59,6 +59,7 @@ def network_from_file(
     prefix: str = "",
     cast: Cast = None,
     preset: str | None = None,
+    keeps: Collection[str] = CORE_FORMATS,
     reads_per_prompt: float = 1.0,
     wish: Wish | None = None,
     held_bytes: int = 0,
@@ -69,7 +70,8 @@ def network_from_file(
     (stored_sizes.py). Reads the header only. ``cast``: the dtype the host loads plain
     floating tensors in, None (as stored), or a function of the file's main plain floating
     dtype and its parameter count (ComfyUI's ``unet_dtype`` takes both). ``preset``: the
-    torchao preset its loader quantizes the blocks' Linears with (None: none)."""
+    torchao preset its loader quantizes the blocks' Linears with (None: none). ``keeps``:
+    core's quantized formats the host loads as such (stored_sizes.CORE_FORMATS)."""
     header = read_checkpoint_header(path, setting)
     mine = {k[len(prefix) :]: t for k, t in header.entries.items() if k.startswith(prefix)}
     held = held_sizes(
@@ -80,6 +82,7 @@ def network_from_file(
         preset=None if preset == "none" else preset,
         blocks=list_prefixes(mine) if preset else (),
         prefix=prefix,
+        keeps=keeps,
     )
     sizes = {k: t.nbytes for k, t in held.tensors.items()}
     lists = block_lists(sizes)

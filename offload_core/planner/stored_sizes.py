@@ -77,6 +77,8 @@ _QUANT_SUFFIXES = (
     ".scale_weight", ".scale_input", ".weight_scale", ".weight_scale_2", ".input_scale",
     ".pre_quant_scale", ".comfy_quant",
 )  # fmt: skip
+#: Core's own quantized formats (a host that predates one loads its files as plain floats).
+CORE_FORMATS: tuple[Format, ...] = ("fp8_scaled", "comfy_quant")
 Cast = torch.dtype | Callable[[torch.dtype, int], "torch.dtype | None"] | None
 
 
@@ -190,11 +192,13 @@ def formats(
     preset: str | None = None,
     blocks: Collection[str] = (),
     prefix: str = "",
+    keeps: Collection[str] = CORE_FORMATS,
 ) -> dict[str, Format]:
-    """Each tensor's stored format: the table's row it is held by."""
+    """Each tensor's stored format: the table's row it is held by. ``keeps``: core's
+    quantized formats the host loads as such; a file in another is plain floats to it."""
     fmt = file_format(entries, metadata, gguf)
     quant = set()
-    if fmt in ("fp8_scaled", "comfy_quant"):
+    if fmt in ("fp8_scaled", "comfy_quant") and fmt in keeps:
         quant = quantized_layers(entries, metadata, prefix)
     kinds: dict[str, Format] = {}
     for key, t in entries.items():
@@ -226,11 +230,11 @@ def _casts(
         asked = main or _main_plain(entries, floats)
         params = sum(_numel(t.shape) for t in entries.values())
         cast = cast(asked, params) if asked is not None else None
-    # A host converts fp8 where the cast is 8-bit itself, or where its own rule chose a dtype
-    # for a plain fp8 file (core's unet_dtype widens one it has room for); a host computing
-    # wider keeps fp8 storage and casts per use.
-    fp8_file = main is not None and main.itemsize == 1
-    fp8_to = cast if cast is not None and (cast.itemsize == 1 or (ruled and fp8_file)) else None
+    # A host converts plain fp8 where the cast is 8-bit itself, or where its own rule chose
+    # the dtype (core builds the network in unet_dtype and copies every weight into it: it
+    # keeps a plain fp8 file in fp8 only where its rule says fp8); a host computing wider in
+    # a fixed dtype keeps fp8 storage and casts per use.
+    fp8_to = cast if cast is not None and (cast.itemsize == 1 or ruled) else None
     compute = next(
         (d for d in (cast, main) if d is not None and d.is_floating_point and d.itemsize >= 2),
         torch.float32,  # nothing says: a CPU's compute dtype, the larger copy
@@ -247,14 +251,19 @@ def held_sizes(
     preset: str | None = None,
     blocks: Collection[str] = (),
     prefix: str = "",
+    keeps: Collection[str] = CORE_FORMATS,
 ) -> HeldSizes:
     """Each tensor of ``entries`` as the host holds it (the Note; ``HOLDS``). ``cast``: the
     dtype the host loads plain floats in, None (as stored), or the host's rule of the file's
     main plain-float dtype and its parameter count (core's ``unet_dtype`` takes both).
     ``preset``: a torchao preset the loader quantizes the Linears inside ``blocks`` (block
     list key prefixes) with. ``prefix``: what was taken off the file's keys to give
-    ``entries``' (a checkpoint's network). Reads nothing: the header's keys, dtypes, shapes."""
-    kinds = formats(entries, metadata, gguf=gguf, preset=preset, blocks=blocks, prefix=prefix)
+    ``entries``' (a checkpoint's network). ``keeps``: core's quantized formats the host
+    loads as such (v0.3.64 has no comfy_quant: it loads such a file as plain floats). Reads
+    nothing: the header's keys, dtypes, shapes."""
+    kinds = formats(
+        entries, metadata, gguf=gguf, preset=preset, blocks=blocks, prefix=prefix, keeps=keeps
+    )
     float_to, fp8_to, compute = _casts(entries, kinds, cast)
     out = {}
     for key, t in entries.items():
