@@ -36,9 +36,9 @@ HOLDS: dict[Format, How] = {
     # fp32 / fp16 / bf16 / fp64 outside any quantized layer: the host's compute dtype.
     "float": "cast",
     # float8_e4m3fn / e5m2 outside a quantized format: kept (cast per use) by a host that
-    # computes wider; converted only where the cast is itself 8-bit (a weight_dtype widget) or
-    # the host's own rule chose a dtype for a plain fp8 file (core's unet_dtype casts one it
-    # has room for: ``held_sizes``).
+    # computes wider in a fixed dtype; converted where the cast is itself 8-bit (a
+    # weight_dtype widget) or is the host's own rule (core builds its network in unet_dtype
+    # and copies every weight into it, keeping fp8 only where that rule says fp8).
     "fp8": "stored",
     # legacy: a ``scaled_fp8`` marker, ``<layer>.scale_weight`` / ``<layer>.scale_input``.
     "fp8_scaled": "stored",
