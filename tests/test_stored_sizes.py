@@ -319,3 +319,32 @@ def test_a_quantized_file_is_sized_from_its_header_alone(tmp_path: Path) -> None
     assert n[0] < 64 * 1024
     block = 2 * (4 * 8192 * 8192 + 4 + 4 * 8192 * 4)
     assert net.block_bytes == (block,) * 40
+
+
+def print_table(folder: Path) -> None:
+    """Each test file's size on disk, planned by the old rule and by the table, as a CPU
+    (float32) and a bf16 GPU host load it, and its transient on the CPU:
+    ``python -m tests.test_stored_sizes``."""
+    from tests.gguf_standin import write_gguf
+
+    files = {name: save(folder / f"{name}.safetensors", mk(dit())) for name, mk in MAKERS.items()}
+    for mix in ("q8_0", "k"):
+        files[f"gguf-{mix}"] = write_gguf(folder / f"{mix}.gguf", mix)
+    print(f"{'file':18} {'on disk':>9} | {'old fp32':>9} {'new fp32':>9} | "
+          f"{'old bf16':>9} {'new bf16':>9} | transient fp32")  # fmt: skip
+    for name, path in files.items():
+        row = [path.stat().st_size]
+        for cast in (torch.float32, torch.bfloat16):
+            net = network_from_file(path, name=name, kind="model", cast=cast)
+            row += [old_rule(path, cast), net.nbytes]
+        cpu = network_from_file(path, name=name, kind="model", cast=torch.float32)
+        transient = cpu.transient_bytes
+        print(f"{name:18} {row[0]:>9} | {row[1]:>9} {row[2]:>9} | {row[3]:>9} {row[4]:>9} | "
+              f"{transient}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        print_table(Path(d))
