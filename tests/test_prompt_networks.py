@@ -198,6 +198,21 @@ def test_a_loaders_weight_dtype_is_how_it_loads(files: Path) -> None:
     assert low.nbytes < high.nbytes * 0.6  # 8-bit weights, float32 norms
 
 
+def test_the_samplers_steps_are_the_most_read_samplers() -> None:
+    assert pn.sampler_steps(four_networks()) == 12  # 12 x 2 (cfg 5) beats 8 x 1
+    assert pn.sampler_steps({"1": {"class_type": "VAELoader", "inputs": {}}}) is None
+
+
+def test_ferrys_quantizing_loader_is_planned_at_its_presets_bytes(files: Path) -> None:
+    prompt = four_networks()
+    plain = next(n for n in networks(files, prompt) if n.loader_id == "1").facts
+    prompt["1"]["inputs"]["quant_preset"] = "int8-weight"
+    high = next(n for n in networks(files, prompt) if n.loader_id == "1").facts
+    assert not high.in_place  # quantized on the way: the disk tier writes its groups
+    assert 0.45 < high.nbytes / plain.nbytes < 0.55  # bf16 blocks' Linears in int8
+    assert high.transient_bytes == 4 * 5120 * 5120 * 2  # one Linear dequantized (bf16)
+
+
 @pytest.mark.parametrize("te_prefix", ["conditioner.embedders.", "cond_stage_model."])
 def test_a_checkpoint_is_three_networks(files: Path, te_prefix: str) -> None:
     tensors = {

@@ -124,6 +124,7 @@ def _machine(
         disk_folder=folder,
         # "auto" (None here) keeps what fits in free VRAM; empty (0) streams every group.
         vram_budget=None if budget == AUTO else (budget or 0),
+        probe=True,  # the Plan button's folder: its speed measured the first time
     )
     if policy is not None:
         machine = replace(machine, vram_headroom=policy.headroom_bytes)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import comfy.model_management as mm
+import comfy.utils
 import folder_paths
 import torch
 
@@ -27,7 +28,7 @@ from ...offload_core.planner.machine import read_machine
 from ...offload_core.runtime.memory import process_memory
 from ...offload_core.tools.monitor import read_offloads
 from .config import wish_from_widgets
-from .prompt_networks import FERRY_NODES, PromptNetwork, prompt_networks
+from .prompt_networks import FERRY_NODES, PromptNetwork, prompt_networks, sampler_steps
 
 log = logging.getLogger("ferry")
 
@@ -70,6 +71,14 @@ def _cast(kind: Kind) -> Callable[[torch.dtype, int], torch.dtype | None]:
         return mm.text_encoder_dtype(device)  # type: ignore[no-any-return]
 
     return rule
+
+
+def _keeps() -> tuple[str, ...]:
+    """Core's quantized formats this core loads as such: fp8_scaled always; comfy_quant from
+    v0.8 (``convert_old_quants``): v0.3.64 loads such a file's weights into plain layers."""
+    return ("fp8_scaled", "comfy_quant") if hasattr(comfy.utils, "convert_old_quants") else (
+        "fp8_scaled",
+    )  # fmt: skip
 
 
 def _find(folder: str, name: str) -> str | None:
@@ -115,6 +124,7 @@ def host_machine(disk_folder: str | None, budgets: tuple[int | None, int | None]
         pin_limit=_pin_limit() if on_gpu else None,
         vram_budget=budgets[0],
         ram_budget=budgets[1],
+        probe=True,  # a prompt's folder: its speed measured the first time it is planned
     )
     return replace(machine, ram_available=machine.ram_available + _live_host_ram())
 
@@ -159,11 +169,13 @@ def plan_prompt(
     held = held or {}
     networks = [
         replace(n, facts=replace(n.facts, held_bytes=held.get(n.ferry_id or "", 0)))
-        for n in prompt_networks(prompt, _find, _cast, wish_of)
+        for n in prompt_networks(prompt, _find, _cast, wish_of, _keeps())
     ]
     machine = host_machine(_disk_folder(prompt, default_folder), budgets)
     process = max(0, process_memory().rss - sum(n.facts.held_bytes for n in networks))
-    plan = plan_graph(machine, [n.facts for n in networks], process_ram=process)
+    plan = plan_graph(
+        machine, [n.facts for n in networks], process_ram=process, steps=sampler_steps(prompt)
+    )
     return PromptPlan(tuple(networks), plan)
 
 

@@ -9,7 +9,7 @@ so CI walks prompts of any shape (tests/test_prompt_networks.py).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 from ...offload_core.errors import ConfigError
 from ...offload_core.planner.facts import Kind, NetworkFacts, Wish
 from ...offload_core.planner.network_file import network_from_file
+from ...offload_core.planner.stored_sizes import CORE_FORMATS
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,21 @@ def _upstream_loader(prompt: dict[str, Any], node_id: str, key: str) -> str | No
     return None
 
 
+def sampler_steps(prompt: dict[str, Any]) -> int | None:
+    """The steps of the sampler that reads the diffusion model most (``reads_per_prompt``'s);
+    None where the prompt has no sampler of ours to count."""
+    best: tuple[float, int] | None = None
+    for node in prompt.values():
+        inputs = node.get("inputs", {}) if isinstance(node, dict) else {}
+        steps = inputs.get("steps")
+        if node.get("class_type") in SAMPLERS and isinstance(steps, int) and steps > 0:
+            cfg = inputs.get("cfg", 1.0)
+            reads = steps * (1 if isinstance(cfg, (int, float)) and cfg == 1.0 else 2)
+            if best is None or reads > best[0]:
+                best = (reads, steps)
+    return None if best is None else best[1]
+
+
 def reads_per_prompt(prompt: dict[str, Any]) -> float:
     """How often a prompt reads the diffusion model: each sampler's steps, twice a step
     where its cfg is not 1 (the negative prompt runs too); the largest sampler's."""
@@ -140,23 +156,35 @@ WEIGHT_DTYPES = {
 }
 
 
-def _part(path: str, spec: Loader, name: str, rule: Any, widget: str) -> NetworkFacts | None:
-    """The network ``spec`` finds in ``path`` under its first prefix that has tensors."""
+def _part(
+    path: str, spec: Loader, name: str, rule: Any, widget: str, how: tuple[Any, Any]
+) -> NetworkFacts | None:
+    """The network ``spec`` finds in ``path`` under its first prefix that has tensors;
+    ``how``: its loader's torchao preset and the quantized formats the host keeps."""
     for prefix in spec.prefixes:
         facts = network_from_file(
-            path, name=name, kind=spec.kind, prefix=prefix, cast=rule, setting=widget
-        )
+            path, name=name, kind=spec.kind, prefix=prefix, cast=rule, setting=widget,
+            preset=how[0], keeps=how[1],
+        )  # fmt: skip
         if facts.nbytes:
             return facts
     return None
 
 
 def _facts(
-    loader_id: str, node: dict[str, Any], spec: Loader, find: Find, cast: Cast
+    loader_id: str,
+    node: dict[str, Any],
+    spec: Loader,
+    find: Find,
+    cast: Cast,
+    keeps: Collection[str] = CORE_FORMATS,
 ) -> NetworkFacts | None:
     """The network ``spec`` reads from the loader node's files (None: none of its tensors
     are there, e.g. a checkpoint without a VAE)."""
     rule = WEIGHT_DTYPES.get(node.get("inputs", {}).get("weight_dtype")) or cast(spec.kind)
+    # Ferry's quantizing loader: its preset's Linears count at the preset's bytes.
+    preset = node.get("inputs", {}).get("quant_preset")
+    preset = preset if isinstance(preset, str) else None
     parts = []
     for widget in spec.files:
         name = node.get("inputs", {}).get(widget)
@@ -164,7 +192,7 @@ def _facts(
         if path is None:
             raise ConfigError(widget, f"{name!r} is not in models/{spec.folder} (node {loader_id})")
         stem = os.path.splitext(os.path.basename(name))[0]  # type: ignore[arg-type]
-        part = _part(path, spec, stem, rule, widget)
+        part = _part(path, spec, stem, rule, widget, (preset, keeps))
         if part is not None:
             parts.append(part)
     if not parts:
@@ -176,15 +204,21 @@ def _facts(
         block_bytes=tuple(b for p in parts for b in p.block_bytes),
         longest_list=max(p.longest_list or len(p.block_bytes) for p in parts),
         in_place=all(p.in_place for p in parts),
+        transient_bytes=max(p.transient_bytes for p in parts),
         file=" + ".join(p.file or "" for p in parts),
     )
 
 
 def prompt_networks(
-    prompt: dict[str, Any], find: Find, cast: Cast, wish_of: WishOf
+    prompt: dict[str, Any],
+    find: Find,
+    cast: Cast,
+    wish_of: WishOf,
+    keeps: Collection[str] = CORE_FORMATS,
 ) -> list[PromptNetwork]:
     """Every network ``prompt`` loads, Ferry's or not: diffusion models, text encoders,
-    ControlNets, model patches, CLIP vision models, VAEs."""
+    ControlNets, model patches, CLIP vision models, VAEs. ``keeps``: core's quantized
+    formats this host loads as such (planner/stored_sizes.py)."""
     if not isinstance(prompt, dict):
         raise ConfigError(
             "prompt", "send the workflow in API format: {node id: {class_type, inputs}}"
@@ -204,7 +238,7 @@ def prompt_networks(
     for loader_id, node in prompt.items():
         specs = LOADERS.get(node.get("class_type", "")) if isinstance(node, dict) else None
         for spec in specs or ():
-            facts = _facts(loader_id, node, spec, find, cast)
+            facts = _facts(loader_id, node, spec, find, cast, keeps)
             if facts is None:
                 continue
             ferry_id = ferry_of.get((loader_id, spec.kind))

@@ -155,7 +155,7 @@ def _entry(
         orig = meta.get(ORIG_SHAPE + name)
         if isinstance(orig, list) and _prod(orig) == numel:
             shape = tuple(int(d) for d in orig)
-    return StoredTensor(name, dtype, shape, start, start + nbytes)
+    return StoredTensor(name, dtype, shape, start, start + nbytes, gtype)
 
 
 def _prod(xs: list[object]) -> int:

@@ -17,6 +17,9 @@ class StoredTensor:
     shape: tuple[int, ...]
     start: int
     end: int
+    #: A GGUF tensor's GGML type (gguf.py's BLOCKS: values and bytes per block); None for a
+    #: safetensors tensor, whose dtype says it all.
+    ggml_type: int | None = None
 
     @property
     def nbytes(self) -> int:

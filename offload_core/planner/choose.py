@@ -18,6 +18,7 @@ from ..units import fmt_bytes
 from .facts import MachineFacts, NetworkFacts
 from .sizing import Sizing, pace_phrase, size
 from .tiers import Split, disk_takes, fixed_tier, host_bytes, split
+from .timing import Timing, network_timing, per_step, time_sentence
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class Choice:
     ram_bytes: int  # its host tier's RAM (pinned or plain) plus its working RAM
     disk_bytes: int  # written to the disk folder (0 where read from its own file)
     reason: str
+    #: Its predicted seconds and disk reads (timing.py); set by plan_graph.
+    timing: Timing | None = None
 
     @property
     def blocks_per_group(self) -> int:
@@ -48,11 +51,15 @@ class Choice:
             "prefetch_depth": self.prefetch_depth, "group_bytes": self.sizing.group_bytes,
             "vram_resident": self.vram_resident, "ram_bytes": self.ram_bytes,
             "disk_bytes": self.disk_bytes, "disk_read_per_prompt": self.disk_read_per_prompt,
-            "reason": self.reason,
+            "transient_bytes": n.transient_bytes, "reason": self.reason,
+            **(self.timing.as_dict() if self.timing else {}),
         }  # fmt: skip
 
     @property
     def disk_read_per_prompt(self) -> int:
+        """Bytes a prompt reads from the disk for it: its streamed share, every read."""
+        if self.timing is not None:
+            return self.timing.disk_read_bytes
         return (
             int(self.network.nbytes * self.network.reads_per_prompt) if self.tier == "disk" else 0
         )
@@ -72,6 +79,9 @@ class GraphPlan:
     refusal: ConfigError | None = None
     #: Where the RAM room is short but nothing is refused: what may not fit, and what to change.
     warning: str | None = None
+    #: The sampler's steps (None: not known) and the predicted time (timing.py).
+    steps: int | None = None
+    time: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -104,8 +114,26 @@ class GraphPlan:
             "disk_bytes": self.disk_bytes, "ram_room": self.ram_room, "fits": self.fits,
             "verdict": self.verdict(),
             "setting": None if self.refusal is None else self.refusal.setting,
-            "warning": self.warning,
+            "warning": self.warning, "time": self.time,
+            "seconds_per_step": self.seconds_per_step, "seconds_per_prompt": self.seconds_per_prompt,
+            "disk_read_per_prompt": sum(c.disk_read_per_prompt for c in self.choices),
         }  # fmt: skip
+
+    def _timings(self) -> list[Timing]:
+        return [c.timing for c in self.choices if c.timing is not None]
+
+    @property
+    def seconds_per_step(self) -> float | None:
+        """A sampling step's seconds (transfer-bound where no compute was measured)."""
+        timed = self._timings()
+        if self.steps is None or len(timed) != len(self.choices):
+            return None
+        return round(per_step([c.network for c in self.choices], timed, self.steps), 3)
+
+    @property
+    def seconds_per_prompt(self) -> float:
+        """The first prompt's seconds: every network's load and reads."""
+        return round(sum(t.prompt_s for t in self._timings()), 3)
 
 
 def ram_room(machine: MachineFacts, nets: list[NetworkFacts]) -> int:
@@ -119,11 +147,16 @@ def ram_room(machine: MachineFacts, nets: list[NetworkFacts]) -> int:
 
 
 def plan_graph(
-    machine: MachineFacts, nets: list[NetworkFacts], *, process_ram: int = 0
+    machine: MachineFacts,
+    nets: list[NetworkFacts],
+    *,
+    process_ram: int = 0,
+    steps: int | None = None,
 ) -> GraphPlan:
     """Plans ``nets`` together on ``machine``. ``process_ram``: the host's own RAM besides
-    the networks (for the predicted peak). Never raises for a plan that does not fit: the
-    plan carries the refusal (``check()`` raises it), so a pre-flight can show it."""
+    the networks (for the predicted peak); ``steps``: the sampler's (for the time a step).
+    Never raises for a plan that does not fit: the plan carries the refusal (``check()``
+    raises it), so a pre-flight can show it."""
     for n in nets:
         n.wish.validate()
     room = ram_room(machine, nets)
@@ -134,21 +167,17 @@ def plan_graph(
     chosen = split(nets, machine, room, first) if refusal is None else None
     if chosen is None:  # refused: the choices are still drawn, for the pre-flight to show
         chosen = Split(tuple((fixed_tier(n) or ("disk",))[0] for n in nets), 0, None)
-    choices = tuple(_choose(i, nets, machine, chosen, room, first) for i in range(len(nets)))
-    vram = [c.vram_resident + c.sizing.slot_bytes for c in choices]
+    choices = tuple(
+        _timed(_choose(i, nets, machine, chosen, room, first), machine) for i in range(len(nets))
+    )
+    vram = [
+        c.vram_resident
+        + c.sizing.slot_bytes
+        + (c.network.transient_bytes if c.network.ferry else 0)
+        for c in choices
+    ]
     need = sum(c.ram_bytes for c in choices)
-    warning = None
-    if refusal is None and need > room:
-        warning = (
-            f"the networks need {fmt_bytes(need)} of RAM and {fmt_bytes(room)} is available "
-            f"for Ferry (after {fmt_bytes(machine.ram_headroom)} headroom); free RAM, raise the "
-            "RAM budget, put the networks no Ferry node offloads behind one, or "
-            + (
-                "set their tier to auto or disk"
-                if any(n.wish.tier in ("ram", "pinned") for n in nets)
-                else "give a disk folder with room (disk_path)"
-            )
-        )
+    warning = _short_of_ram(nets, machine, need, room) if refusal is None else None
     return GraphPlan(
         machine=machine,
         choices=choices,
@@ -158,16 +187,41 @@ def plan_graph(
         disk_bytes=sum(c.disk_bytes for c in choices),
         refusal=refusal,
         warning=warning,
+        steps=steps,
+        time=time_sentence(nets, [c.timing for c in choices if c.timing], steps, machine),
     )
 
 
+def _short_of_ram(
+    nets: list[NetworkFacts], machine: MachineFacts, need: int, room: int
+) -> str | None:
+    """The warning where the networks need more RAM than the room (None: they fit)."""
+    if need <= room:
+        return None
+    return (
+        f"the networks need {fmt_bytes(need)} of RAM and {fmt_bytes(room)} is available "
+        f"for Ferry (after {fmt_bytes(machine.ram_headroom)} headroom); free RAM, raise the "
+        "RAM budget, put the networks no Ferry node offloads behind one, or "
+        + (
+            "set their tier to auto or disk"
+            if any(n.wish.tier in ("ram", "pinned") for n in nets)
+            else "give a disk folder with room (disk_path)"
+        )
+    )
+
+
+def _timed(c: Choice, machine: MachineFacts) -> Choice:
+    return replace(c, timing=network_timing(c.network, c.tier, c.vram_resident, machine))
+
+
 def _working(net: NetworkFacts, machine: MachineFacts, s: Sizing) -> int:
-    """RAM a network takes besides its host tier: on a CPU its slots and what lies outside
-    its blocks (the onload device is RAM); on a GPU the staging ring a disk or RAM tier reads
-    through, a slot's size ([Note: the RAM tier through staging])."""
+    """RAM a network takes besides its host tier: on a CPU its slots, what lies outside its
+    blocks and a quantized layer's dequantized copy while it computes (the onload device is
+    RAM); on a GPU the staging ring a disk or RAM tier reads through, a slot's size ([Note:
+    the RAM tier through staging])."""
     if machine.on_gpu:
         return s.slot_bytes if net.wish.tier in ("disk", "ram") else 0
-    return s.slot_bytes + net.outside_bytes
+    return s.slot_bytes + net.outside_bytes + net.transient_bytes
 
 
 def _choose(
@@ -182,14 +236,18 @@ def _choose(
     s = size(net, tier, machine, room_for_slots)
     if not net.ferry:  # the host's own load: whole in RAM, nothing of Ferry's
         reason = _tier_clause(i, nets, machine, sp, room)
-        return Choice(net, "ram", Sizing(1, 1, 0, 1), 0, net.nbytes, 0, reason)
+        # On a CPU its quantized layers' dequantized copies are RAM too.
+        ram = net.nbytes + (0 if machine.on_gpu else net.transient_bytes)
+        return Choice(net, "ram", Sizing(1, 1, 0, 1), 0, ram, 0, reason)
     vram = machine.vram_for_ferry
     resident = 0
-    if vram is not None and net.nbytes <= vram:
+    if vram is not None and net.nbytes + net.transient_bytes <= vram:
         # The whole network fits while it runs (vram_budget auto keeps it): nothing streams.
         resident, s = net.nbytes, Sizing(s.blocks_per_group, 1, 0, s.n_groups)
     elif vram is not None:
-        resident = min(net.nbytes - s.group_bytes, max(0, vram - s.slot_bytes))
+        resident = min(
+            net.nbytes - s.group_bytes, max(0, vram - s.slot_bytes - net.transient_bytes)
+        )
     working = _working(replace(net, wish=replace(net.wish, tier=tier)), machine, s)
     # A GPU's resident share still counts in its host tier: when the host unloads the network
     # to make room for the next one, it goes back there.

@@ -84,6 +84,9 @@ class NetworkFacts:
     longest_list: int = 0
     #: False: no Ferry node offloads it; the host keeps it whole in RAM (its tier is "ram").
     ferry: bool = True
+    #: Its largest layer's dequantized copy in the compute dtype, made while that layer
+    #: computes (a quantized format's: stored_sizes.py); memory of the onload device.
+    transient_bytes: int = 0
 
     @property
     def outside_bytes(self) -> int:
@@ -115,6 +118,10 @@ class MachineFacts:
     disk_folder: str | None = None
     disk_gbps: float = ASSUMED_DISK_GBPS
     disk_measured: bool = False
+    #: The disk figure came from the planner's own probe (disk_probe.py), not from a prompt.
+    disk_probed: bool = False
+    #: Where the disk figure is assumed: why nothing measured it (a probe that failed).
+    disk_why_assumed: str | None = None
     ram_headroom: int = DEFAULT_RAM_HEADROOM
     vram_headroom: int = 2 * GIB
     ram_budget: int | None = None
@@ -138,6 +145,16 @@ class MachineFacts:
 
     def tier_measured(self, tier: TierName) -> bool:
         return self.disk_measured if tier == "disk" else self.copy_gbps is not None
+
+    def tier_said(self, tier: TierName) -> str:
+        """How the tier's speed is known, said after it: nothing for a prompt's measure,
+        "(probed)", or "(assumed)" with why nothing measured it where a probe failed."""
+        if tier == "disk" and self.disk_probed:
+            return " (probed)"
+        if self.tier_measured(tier):
+            return ""
+        why = self.disk_why_assumed if tier == "disk" else None
+        return f" (assumed; {why})" if why else " (assumed)"
 
     @property
     def device_gbps(self) -> float:

@@ -39,15 +39,20 @@ def read_machine(
     ram_budget: int | None = None,
     vram_budget: int | None = None,
     ram_headroom: int | None = None,
+    probe: bool = False,
 ) -> MachineFacts:
     """The machine now. ``pin_limit``: the host's (ComfyUI: ``MAX_PINNED_MEMORY``; 0 where
     it pins nothing), else ``default_pin_limit``. A disk folder that cannot be used counts as
-    none (its check's message is the folder widget's, not the planner's)."""
+    none (its check's message is the folder widget's, not the planner's). ``probe``: measure
+    the disk folder's read speed where nothing has (disk_speed.py; a host's plan of a prompt
+    does, a panel's plan as a user types a folder does not)."""
     free = None
     if disk_folder:
         check = check_disk_folder(disk_folder)
         free = check.free_bytes if check.ok else None
-    gbps, measured = disk_speed.cached(disk_folder if free is not None else None)
+    speed = disk_speed.ASSUMED
+    if disk_folder and free is not None:
+        speed = disk_speed.for_plan(disk_folder, probe=probe)
     if pin_limit is None and vram_free is not None:
         pin_limit = default_pin_limit(int(psutil.virtual_memory().total))
     available = system_available_ram()
@@ -57,8 +62,10 @@ def read_machine(
         pin_limit=pin_limit,
         disk_free=free,
         disk_folder=disk_folder,
-        disk_gbps=gbps,
-        disk_measured=measured,
+        disk_gbps=speed.gbps,
+        disk_measured=speed.measured,
+        disk_probed=speed.source == "probe",
+        disk_why_assumed=speed.why,
         ram_headroom=default_ram_headroom(available) if ram_headroom is None else ram_headroom,
         ram_budget=ram_budget,
         vram_budget=vram_budget,

@@ -83,13 +83,14 @@ def pace_phrase(
     (``streamed_share``: the share of the groups that stream, the rest stay on the GPU)."""
     speed = machine.tier_gbps(tier)
     how = "read" if tier == "disk" else "copy"
-    said = "" if machine.tier_measured(tier) else " (assumed)"
+    said = machine.tier_said(tier)
     blocks = f"groups of {s.blocks_per_group} block{'s' * (s.blocks_per_group > 1)}"
     ahead = f"{s.prefetch_depth} group{'s' * (s.prefetch_depth > 1)} ahead"
     head = f"{blocks} ({fmt_bytes(s.group_bytes)}), {ahead}"
     if speed >= machine.device_gbps * streamed_share:
         return f"{head} hide{'s' * (s.prefetch_depth == 1)} a {speed:.1f} GB/s {how}{said}"
+    compute = "" if machine.compute_gbps else ", assumed"
     return (
         f"{head}: a {speed:.1f} GB/s {how}{said} is slower than compute uses weights "
-        f"(~{machine.device_gbps:.1f} GB/s), so the {tier} tier sets the pace"
+        f"(~{machine.device_gbps:.1f} GB/s{compute}), so the {tier} tier sets the pace"
     )

@@ -71,6 +71,9 @@ function drawResult(out) {
     const peaks = { vram: gib(p.peak_vram), ram: gib(p.peak_ram), disk: gib(p.disk_bytes) };
     const predicted = p.peak_vram === null ? t("predictedPeak", peaks) : t("predictedPeakVram", peaks);
     children.push(node("div", { class: "ferry-muted" }, predicted));
+    // The planner's predicted time, said (in its own words) for what it is: transfer-bound
+    // until a prompt measured compute.
+    if (p.time) children.push(node("div", { class: "ferry-muted", "data-ferry-time": "" }, p.time));
     for (const n of p.networks) children.push(networkCard(n));
   }
   out.replaceChildren(...children);
