@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
 
@@ -21,8 +22,11 @@ from .runtime.memory import device_memory, release_freed_memory
 from .runtime.stats import Counters, OffloadStats
 from .sources.checkpoint_origin import CheckpointOrigin
 from .sources.checkpoint_stream import CheckpointWeights
+from .sources.give_back import drop_all, restore_all
+from .sources.lay_out import Progress, lay_out
 from .sources.origin import ModelOrigin
-from .sources.placement import Placement, Progress
+from .sources.placement import Placement
+from .sources.repair_group import repair_group
 from .transfer.backend import backend_for
 from .units import gbps
 
@@ -126,9 +130,9 @@ class OffloadHandle:
             finally:
                 try:
                     if ending is Ending.DISCARD:
-                        self._placement.drop_all()
+                        drop_all(self._placement)
                     else:
-                        self._placement.restore_all()
+                        restore_all(self._placement)
                 finally:
                     release_freed_memory()
                     if not self._placement.runtimes:
@@ -192,8 +196,7 @@ def apply_offload(
     name = _unique_name(name or type(model).__name__)
     backend = backend_for(plan.device)
     origin = ModelOrigin() if weights is None else CheckpointOrigin(weights)
-    placement = Placement(model, plan, backend, name, origin)
-    placement.build(progress)  # restores everything itself if it fails
+    placement = lay_out(model, plan, backend, name, origin, progress)  # puts back if it fails
     release_freed_memory()
     counters = Counters()
     counters.sample_rss()
@@ -202,7 +205,7 @@ def apply_offload(
     if streamed:
         engine = Engine(
             model, streamed, backend, plan.prefetch_depth, counters, _staged(plan, streamed),
-            repair=placement.repair, read_threads=read_threads,
+            repair=functools.partial(repair_group, placement), read_threads=read_threads,
         )  # fmt: skip
         engine.install()
     handle = OffloadHandle(model, name, plan, placement, engine, counters, kind)

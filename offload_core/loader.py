@@ -21,7 +21,7 @@ from .quant.model_tensors import build_meta_model
 from .quant.presets import Preset
 from .quant.selection import SkipRules
 from .sources.checkpoint_stream import CheckpointWeights, Converter
-from .sources.placement import Progress
+from .sources.lay_out import Progress
 
 
 def load_offloaded(

@@ -21,7 +21,7 @@ from offload_core import (
 from offload_core.disk import plan as reads
 from offload_core.disk.mapped import MappedSource, can_map, choose_cpu_read
 from offload_core.disk.plan import FileIdentity
-from offload_core.sources import placement
+from offload_core.sources import lay_out
 from tests.helpers import flip_byte, make_model, reference
 
 pytestmark = pytest.mark.skipif(not can_map(), reason="mapped groups need Linux madvise")
@@ -183,7 +183,7 @@ def test_cpu_read_rule(asked, slots, available, chosen):
 
 @pytest.mark.parametrize(("available", "kind"), [(1 << 50, "slot"), (1, "mapped")])
 def test_auto_takes_the_path_the_rule_chose_and_stays_exact(tmp_path, monkeypatch, available, kind):
-    monkeypatch.setattr(placement, "available_ram", lambda: available)
+    monkeypatch.setattr(lay_out, "available_ram", lambda: available)
     x, ref = reference("fp32")
     model = make_model("fp32")
     handle = apply_offload(model, OffloadPolicy(tier=DiskTier(str(tmp_path))), onload_device="cpu")

@@ -30,8 +30,9 @@ from offload_core import (
 from offload_core.disk.file_source import FileSource
 from offload_core.disk.mapped import MappedSource
 from offload_core.runtime.memory import process_memory
+from offload_core.sources import give_back
 from offload_core.sources.host_slab import HostSlabSource
-from offload_core.sources.placement import Placement
+from offload_core.sources.lay_out import LayOut
 
 DIM = 1024
 BLOCKS = 16
@@ -66,22 +67,24 @@ def anon() -> int:
 
 
 @contextmanager
-def anon_after_each_group(peaks: list[int], verb: str = "_restore_group") -> Iterator[None]:
-    """Records RssAnon right after each group is restored (or placed: ``verb="_place"``): the
-    moments a restore that keeps every copy until the end, or a layout whose freed originals
-    stay in the heap, would peak."""
-    original = getattr(Placement, verb)
+def anon_after_each_group(
+    peaks: list[int], owner: Any = give_back, verb: str = "restore_group"
+) -> Iterator[None]:
+    """Records RssAnon right after each group is restored (or placed: ``LayOut, "_place"``):
+    the moments a restore that keeps every copy until the end, or a layout whose freed
+    originals stay in the heap, would peak."""
+    original = getattr(owner, verb)
 
-    def recorded(self: Placement, *args: Any) -> Any:
-        out = original(self, *args)
+    def recorded(*args: Any) -> Any:
+        out = original(*args)
         peaks.append(anon())
         return out
 
-    setattr(Placement, verb, recorded)
+    setattr(owner, verb, recorded)
     try:
         yield
     finally:
-        setattr(Placement, verb, original)
+        setattr(owner, verb, original)
 
 
 @pytest.mark.parametrize("tier", ["ram", "disk"])
@@ -130,7 +133,7 @@ def test_a_relayout_peaks_at_the_networks_plain_size(
         handle.remove()
     # The new layout frees each restored tensor as its group lands: into the C heap, which
     # the next groups' slabs (mapped anew) do not reuse unless it is trimmed.
-    with anon_after_each_group(peaks, "_place"):
+    with anon_after_each_group(peaks, LayOut, "_place"):
         handle = apply_offload(net, policy(tier(second)), onload_device="cpu")
     assert torch.equal(net(X), ref)
     handle.remove()
@@ -155,7 +158,7 @@ def _reads_forbidden(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     for cls in (FileSource, MappedSource, HostSlabSource):
         monkeypatch.setattr(cls, "host_bytes", forbid(f"{cls.__name__}.host_bytes"))
         monkeypatch.setattr(cls, "load", forbid(f"{cls.__name__}.load"))  # no new load either
-    monkeypatch.setattr(Placement, "_restore_group", forbid("Placement._restore_group"))
+    monkeypatch.setattr(give_back, "restore_group", forbid("give_back.restore_group"))
     return calls
 
 

@@ -25,7 +25,7 @@ load_pack()
 family = importlib.import_module(f"{PACK_NAME}.seam.family")
 loaded = importlib.import_module(f"{PACK_NAME}.webui.loaded")
 file_source = importlib.import_module(f"{PACK_NAME}.offload_core.disk.file_source")
-placement = importlib.import_module(f"{PACK_NAME}.offload_core.sources.placement")
+give_back = importlib.import_module(f"{PACK_NAME}.offload_core.sources.give_back")
 
 
 class Patcher:
@@ -151,7 +151,7 @@ def test_a_checkpoint_switch_discards_the_old_layout_unread(
         raise AssertionError("a discarded layout was read back")
 
     with monkeypatch.context() as m:
-        m.setattr(placement.Placement, "_restore_group", forbidden)
+        m.setattr(give_back, "restore_group", forbidden)
         m.setattr(file_source.FileSource, "host_bytes", forbidden)
         forge_modules.sd_model = None  # what forge_model_reload does first
         a.mm.unload_all_models()  # then this

@@ -4,18 +4,18 @@ A group file Ferry wrote is a copy: where the model was laid out from its checkp
 (``load_offloaded``: ``CheckpointWeights`` knows every tensor's original bytes), or beside the
 checkpoint it came from (``DiskTier(source_checkpoint=...)``), a file that was truncated,
 overwritten or had a byte flipped is read again from the placement's origin (its source of
-truth: sources/origin.py) and written anew, atomically (``Placement.rewrite``: ``GroupStore.
-write_group``'s ``*.tmp``, fsync, rename, store.py), and the group gets a fresh source and
+truth: sources/origin.py) and written anew, atomically (sources/repair_group.py's ``rewrite_group``:
+``GroupStore.write_group``'s ``*.tmp``, fsync, rename, store.py), and the group gets a fresh source and
 fresh host forms on the new file. The forward that met the damage then reads the group again
 and goes on. A group whose only copy was the damaged file (a model that lived in RAM before it
 was laid out), or whose source is the user's own checkpoint, cannot be repaired: its error stands, and ``OffloadHandle.remove()`` drops it.
 
 [Note: repairing a group under the engine]
-A repair (``Placement.repair``, with ``slab_from_truth`` here) runs on the engine's thread,
+A repair (sources/repair_group.py's ``repair_group``, with ``slab_from_truth`` here) runs on the engine's thread,
 from ``Engine._activate``, after the failed load's future resolved: no reader thread uses the group's old descriptor or mapping then
 (a group is in flight at most once in the schedule's window), so closing them is safe. The
 group is not in a slot (``to_slot`` runs only after a load succeeded), so its entries point
-at its host forms, which ``Placement.rewrite`` replaces with views of the new file.
+at its host forms, which ``rewrite_group`` replaces with views of the new file.
 """
 
 from __future__ import annotations
