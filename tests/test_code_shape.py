@@ -21,7 +21,12 @@ MAX_CLASS_METHODS = 15
 
 #: Past a cap and whole on purpose: ``path:qualified.name`` for a function or class, ``path``
 #: for a file -> why it reads best whole. Keep the list short and each reason a sentence.
-WHOLE: dict[str, str] = {}
+WHOLE: dict[str, str] = {
+    "nodes/ui/routes.py:register": (
+        "the route table: one short handler per /ferry/ route, read as one list (it was split "
+        "in two only to stay under 50 lines)"
+    ),
+}
 
 
 def python_files() -> list[Path]:

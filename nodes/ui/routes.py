@@ -55,28 +55,8 @@ def _plan_prompt(prompt: dict[str, Any]) -> dict[str, Any]:
     return plan.as_dict()
 
 
-def _register_planner(routes: web.RouteTableDef) -> None:
-    """The pre-flight (/ferry/plan) and Ferry's budgets (/ferry/budgets)."""
-
-    @routes.post("/ferry/plan")
-    async def plan(request: web.Request) -> web.Response:
-        body, err = await _json_body(request)
-        if err is not None:
-            return err
-        loop = asyncio.get_running_loop()  # headers are read from disk: off the event loop
-        return _reply(await loop.run_in_executor(None, api.post_plan, body, _plan_prompt))
-
-    @routes.get("/ferry/budgets")
-    async def get_budgets(request: web.Request) -> web.Response:
-        return _reply(api.get_budgets())
-
-    @routes.post("/ferry/budgets")
-    async def post_budgets(request: web.Request) -> web.Response:
-        body, err = await _json_body(request)
-        return err or _reply(api.put_budgets(body))
-
-
 def register(routes: web.RouteTableDef) -> None:
+    """Every /ferry/ route, in one table (registered once per process)."""
     if _registered["done"]:
         return
     _registered["done"] = True
@@ -95,7 +75,23 @@ def register(routes: web.RouteTableDef) -> None:
         body, err = await _json_body(request)
         return err or _reply(api.put_settings(body))
 
-    _register_planner(routes)
+    # The pre-flight (/ferry/plan) and Ferry's budgets (/ferry/budgets).
+    @routes.post("/ferry/plan")
+    async def plan(request: web.Request) -> web.Response:
+        body, err = await _json_body(request)
+        if err is not None:
+            return err
+        loop = asyncio.get_running_loop()  # headers are read from disk: off the event loop
+        return _reply(await loop.run_in_executor(None, api.post_plan, body, _plan_prompt))
+
+    @routes.get("/ferry/budgets")
+    async def get_budgets(request: web.Request) -> web.Response:
+        return _reply(api.get_budgets())
+
+    @routes.post("/ferry/budgets")
+    async def post_budgets(request: web.Request) -> web.Response:
+        body, err = await _json_body(request)
+        return err or _reply(api.put_budgets(body))
 
     @routes.post("/ferry/panel")
     async def panel(request: web.Request) -> web.Response:
