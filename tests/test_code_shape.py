@@ -26,6 +26,11 @@ WHOLE: dict[str, str] = {
         "the route table: one short handler per /ferry/ route, read as one list (it was split "
         "in two only to stay under 50 lines)"
     ),
+    "offload_core/quant/loader.py:load_quantized": (
+        "a long docstring (every argument) over one path: check every setting, then the "
+        "cache or the quantizer and its cache entry (the quantize-and-save half took its "
+        "caller's locals as tuples)"
+    ),
 }
 
 

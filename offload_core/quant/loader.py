@@ -64,7 +64,12 @@ def load_quantized(
     if folder is not None and p.quantizes:  # "none" would only copy the checkpoint
         entry = cache.entry_for(folder, index.header, p, rules, qdev, model)
     if entry is None or not _load_cached(entry, model, choices, dev, progress, report):
-        _quantize_and_cache(entry, model, (index, keys), choices, p, (dev, qdev), progress, report)
+        # No entry, or one missing or unusable: quantized from the checkpoint and saved.
+        report.layers = stream_quantize(model, index, keys, choices, p, dev, progress, qdev)
+        if entry is not None:
+            failed = cache.save(entry, choices, report)
+            if failed:
+                report.cache = f"{report.cache}; {failed}"
     report.seconds = time.perf_counter() - start
     return model, report
 
@@ -86,25 +91,6 @@ def _load_cached(
         return True
     report.cache = status if status == "miss" else f"{status} (rebuilt)"
     return False
-
-
-def _quantize_and_cache(
-    entry: Any,
-    model: nn.Module,
-    checkpoint: tuple[CheckpointIndex, dict[str, str]],
-    choices: list[Any],
-    p: Preset,
-    devices: tuple[torch.device, torch.device],
-    progress: Progress | None,
-    report: QuantReport,
-) -> None:
-    """Streams the checkpoint through the quantizer into ``model``; saves the cache entry."""
-    dev, qdev = devices
-    report.layers = stream_quantize(model, *checkpoint, choices, p, dev, progress, qdev)
-    if entry is not None:
-        failed = cache.save(entry, choices, report)
-        if failed:
-            report.cache = f"{report.cache}; {failed}"
 
 
 def _device(setting: str, value: torch.device | str) -> torch.device:
