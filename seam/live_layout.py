@@ -247,7 +247,11 @@ def _live_offload_of(ref: weakref.ref[LiveLayout]) -> Callable[[], Hashable | No
 def resolve_auto(policy: OffloadPolicy, free: int | None, on_device: int) -> OffloadPolicy:
     """``policy`` with vram_budget "auto" turned into bytes from the host's ``free`` count (the
     network's own bytes already on the device count as free: they move off), as offload_core
-    does with ``torch.cuda.mem_get_info``; as it is where the host counts nothing (a CPU)."""
+    does with ``torch.cuda.mem_get_info``; as it is where the host counts nothing (a CPU). A
+    share the planner gave (``planned_vram``) is kept, capped by that count."""
     if policy.vram_budget != AUTO or free is None:
         return policy
-    return replace(policy, vram_budget=max(free + on_device - policy.headroom_bytes, 1))
+    room = max(free + on_device - policy.headroom_bytes, 1)
+    if policy.planned_vram is not None:
+        room = max(min(room, policy.planned_vram), 1)
+    return replace(policy, vram_budget=room)

@@ -218,5 +218,7 @@ def _budget(policy: OffloadPolicy, device: torch.device, on_device: int) -> int 
             return None
         # The model's own bytes already on the device count as available: they move off.
         free, _total = torch.cuda.mem_get_info(device)
-        return max(int(free) + on_device - policy.headroom_bytes, 0)
+        room = max(int(free) + on_device - policy.headroom_bytes, 0)
+        # The planner's share (OffloadPolicy.with_choice), where it gave one; capped by room.
+        return room if policy.planned_vram is None else min(room, policy.planned_vram)
     return int(b)
