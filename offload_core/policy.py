@@ -5,14 +5,11 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
 
 from .errors import ConfigError
 from .units import GIB
-
-if TYPE_CHECKING:  # the planner imports this module: its Choice is read, never imported here
-    from .planner.choose import Choice
 
 
 @dataclass(frozen=True)
@@ -144,7 +141,7 @@ class OffloadPolicy:
     vram_budget: int | Literal["auto"] | None = None
     headroom_bytes: int = 2 * GIB
     bake_lora: BakeMode = "off"
-    #: Where vram_budget is "auto" and the planner chose for this network (``with_choice``):
+    #: Where vram_budget is "auto" and the planner chose for this network (planner/apply.py):
     #: the VRAM it gave it while it runs, its resident share and its streaming slots. The
     #: layout keeps that share; what is free when it lays out (less the headroom) only caps
     #: it, as the planner counted free memory before the prompt's other networks loaded. Not
@@ -152,27 +149,6 @@ class OffloadPolicy:
     #: layout, so a later plan whose free-VRAM figure moved by a few bytes does not lay a kept
     #: network out again.
     planned_vram: int | None = field(default=None, compare=False)
-
-    def with_choice(self, choice: Choice, disk: DiskTier | None = None) -> OffloadPolicy:
-        """This policy with the planner's ``choice`` in each setting its network left on auto
-        (``choice.network.wish``'s None fields): the tier (a disk choice lays out in ``disk``,
-        the host's folder and options, where this policy's tier is not disk already), blocks
-        per group (block level), the look-ahead; and, where vram_budget is "auto", the VRAM
-        share the planner gave it (``planned_vram``). What the user set stays as it is."""
-        wish = choice.network.wish
-        tier, level, depth = self.tier, self.level, self.prefetch_depth
-        if wish.tier is None and choice.tier != self.tier_name:
-            tier = _tier_named(choice.tier, disk)
-        if wish.blocks_per_group is None and isinstance(level, BlockLevel):
-            level = BlockLevel(choice.blocks_per_group)
-        if wish.prefetch_depth is None:
-            depth = choice.prefetch_depth
-        planned = self.planned_vram
-        if self.vram_budget == AUTO:
-            planned = choice.vram_resident + choice.sizing.slot_bytes
-        policy = replace(self, tier=tier, level=level, prefetch_depth=depth, planned_vram=planned)
-        policy.validate()
-        return policy
 
     def validate(self) -> None:
         parse_bake_lora(self.bake_lora)
@@ -268,17 +244,6 @@ def _level_from_dict(d: dict[str, Any]) -> Level:
     if level_name == "leaf":
         return LeafLevel()
     raise ConfigError("level", f"must be 'block' or 'leaf', got {level_name!r}")
-
-
-def _tier_named(name: TierName, disk: DiskTier | None) -> Tier:
-    """The tier object of a planner's tier name; a disk one is the host's ``disk``."""
-    if name == "pinned":
-        return PinnedRamTier()
-    if name == "ram":
-        return RamTier()
-    if disk is None:
-        raise ConfigError("disk_path", f"the planner chose the disk tier; {ASK_FOR_FOLDER}")
-    return disk
 
 
 def _tier_from_dict(d: dict[str, Any]) -> Tier:

@@ -219,6 +219,6 @@ def _budget(policy: OffloadPolicy, device: torch.device, on_device: int) -> int 
         # The model's own bytes already on the device count as available: they move off.
         free, _total = torch.cuda.mem_get_info(device)
         room = max(int(free) + on_device - policy.headroom_bytes, 0)
-        # The planner's share (OffloadPolicy.with_choice), where it gave one; capped by room.
+        # The planner's share (planner/apply.py with_choice), where it gave one; capped by room.
         return room if policy.planned_vram is None else min(room, policy.planned_vram)
     return int(b)
