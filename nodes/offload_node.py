@@ -1,6 +1,7 @@
 """Node "Ferry Offload Model": MODEL -> MODEL whose diffusion model streams through Ferry.
 
-Thin: turns widgets into a policy (config.py), validates it against the model (the plan; the
+Thin: parses its widgets once (config.py's NodeSettings), has "auto" planned and the choice
+applied as a typed value (planning/offload_policy.py), validates it against the model (the plan; the
 disk folder) before any weight moves, and returns a Ferry clone (patcher.py). The layout itself
 happens when ComfyUI loads the model for sampling.
 """
@@ -18,19 +19,11 @@ from .input_error import NodeInputError
 from .offload_inputs import NodeText, offload_schema
 from .patcher.dynamic import DYNAMIC_VRAM_HELP
 from .patcher.patcher import ferry_clone
-from .planning.auto_settings import remember
-from .planning.config import (
-    AUTO_WIDGETS,
-    ComfyOffload,
-    check_disk_folder,
-    is_auto,
-    policy_from_inputs,
-    wish_from_widgets,
-)
+from .planning.config import ComfyOffload, NodeSettings, check_disk_folder
 from .planning.offload_policy import (
-    auto_policy,
     check_against_model,
     default_disk_path,
+    node_policy,
     settings_fingerprint,
 )
 
@@ -52,8 +45,9 @@ class FerryOffloadNode(io.ComfyNode):
 
     @classmethod
     def execute(cls, use_panel_settings: bool, **inputs: Any) -> io.NodeOutput:
-        obj = inputs.pop(cls.SITE.control)  # the rest are the widgets
-        return cls.offload(obj, cls.name_of(obj), use_panel_settings, inputs, cls.source_of(obj))
+        obj = inputs.pop(cls.SITE.control)  # the rest are the widgets, parsed once here
+        settings = None if use_panel_settings else NodeSettings.parse(inputs)
+        return cls.offload(obj, cls.name_of(obj), settings, cls.source_of(obj))
 
     @classmethod
     def name_of(cls, obj: Any) -> str:
@@ -70,7 +64,10 @@ class FerryOffloadNode(io.ComfyNode):
     def fingerprint_inputs(cls, use_panel_settings: bool, **kwargs: object) -> object:
         # With the panel's settings, or "auto" (planned under the saved budgets), the node
         # must run again when the settings file changes: a new budget applies next prompt.
-        auto = any(is_auto(kwargs.get(k)) for k in AUTO_WIDGETS)
+        try:
+            auto = NodeSettings.parse(kwargs).auto
+        except NodeInputError:
+            auto = False  # execute() reports it
         return settings_fingerprint() if use_panel_settings or auto else ""
 
     @classmethod
@@ -84,27 +81,15 @@ class FerryOffloadNode(io.ComfyNode):
         prefetch_depth: str = AUTO,
     ) -> bool | str:
         # What needs no model is checked before the prompt is queued: a node error at once.
+        # The settings on "auto" are the plan's, made with the model: nothing said of them.
         if use_panel_settings:
             return True  # the widgets are ignored; execute() checks the panel's settings
+        widgets = {"tier": tier, "vram_budget": vram_budget, "disk_path": disk_path,
+                   "blocks_per_group": blocks_per_group, "prefetch_depth": prefetch_depth}  # fmt: skip
         try:
-            wish_from_widgets(
-                {
-                    "tier": tier,
-                    "blocks_per_group": blocks_per_group,
-                    "prefetch_depth": prefetch_depth,
-                }
-            )
-            policy = policy_from_inputs(
-                level="block",
-                blocks_per_group=1,
-                tier="ram" if is_auto(tier) else tier,  # auto: the plan checks its own folder
-                disk_path=disk_path,
-                prefetch_depth=1,
-                vram_budget=vram_budget,
-                default_disk_path=default_disk_path(),
-            )
-            if policy.tier_name == "disk":
-                check_disk_folder(policy.tier.path)  # type: ignore[union-attr]
+            settings = NodeSettings.parse(widgets)
+            if settings.wish.tier == "disk":
+                check_disk_folder(settings.disk_folder(default_disk_path()))
         except NodeInputError as e:
             return str(e)
         return True
@@ -114,24 +99,22 @@ class FerryOffloadNode(io.ComfyNode):
         cls,
         obj: Any,
         name: str,
-        use_panel_settings: bool,
-        widgets: dict[str, Any],
+        settings: NodeSettings | None,
         source: str | None = None,
     ) -> io.NodeOutput:
-        """``obj`` (the node's input) with its network loading through Ferry as the widgets
-        say; ``source``: the file its weights are in as they are (the disk tier reads groups
-        from it)."""
+        """``obj`` (the node's input) with its network loading through Ferry as ``settings``
+        (its widgets, parsed; None: the panel's saved settings) say; ``source``: the file its
+        weights are in as they are (the disk tier reads groups from it)."""
         site = cls.SITE
         network = site.network_of(getattr(site.patcher_of(obj), "model", None))
-        policy, choice = auto_policy(
-            cls.hidden, use_panel_settings, widgets, network, name, site.planner_kind
-        )
-        config = ComfyOffload(policy, name=name, kind=site.kind).with_source_checkpoint(source)
-        remember(config.title, choice)
+        policy, choice = node_policy(cls.hidden, settings, network, name, site.planner_kind)
+        config = ComfyOffload(
+            policy, name=name, kind=site.kind, why=None if choice is None else choice.reason
+        ).with_source_checkpoint(source)
         out = ferry_clone(obj, config, site)
         if out is None:  # left to ComfyUI's dynamic VRAM; the log says why, once, with the flag
             return io.NodeOutput(obj, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
-        check_against_model(site.patcher_of(out), config, use_panel_settings)
+        check_against_model(site.patcher_of(out), config, settings is None)
         return io.NodeOutput(out)
 
 

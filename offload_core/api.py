@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import threading
 from collections.abc import Iterator
 
@@ -29,6 +30,9 @@ from .sources.placement import Placement
 from .sources.repair_group import repair_group
 from .transfer.backend import backend_for
 from .units import gbps
+
+#: Every layout's number, from 1 (OffloadStats.layout_id).
+_layout_ids = itertools.count(1)
 
 
 class OffloadHandle:
@@ -58,6 +62,9 @@ class OffloadHandle:
         self.removed = False
         #: What ``load_offloaded(quantize=...)`` quantized, per layer (None: nothing).
         self.quant_report: QuantReport | None = None
+        #: Why its settings (the host's planner's sentence; None: the user's), for its lines.
+        self.why: str | None = None
+        self.layout_id = next(_layout_ids)
 
     def stats(self) -> OffloadStats:
         c = self._counters
@@ -94,6 +101,8 @@ class OffloadHandle:
             never_ran=list(self._engine.never_ran) if self._engine else [],
             disk_folder=str(self._placement.store.folder) if self._placement.store else None,
             notes=list(self.plan.notes) + self._placement.notes,
+            why=self.why,
+            layout_id=self.layout_id,
         )
 
     @contextlib.contextmanager

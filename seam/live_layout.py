@@ -166,7 +166,8 @@ class LiveLayout(LayoutHooks):
         on the plain network first (the host's weight patches) and returns where the weights
         wait in a checkpoint, if they do (a network built on meta: groups filled from it)."""
         key = LayoutKey(offload.policy, str(device), weights, offload.name)
-        if self.live and self.key == key:
+        if self.live and self.key == key and self.handle is not None:
+            self.handle.why = offload.why  # this prompt's sentence for the layout it keeps
             return False
         self.plan(offload, device)  # every check, before anything moves
         owner = self.handshake.owner()  # the patcher that asked owns the new layout too
@@ -188,6 +189,7 @@ class LiveLayout(LayoutHooks):
         except BaseException:
             self.laid_out(False)  # apply_offload put the network back as it was
             raise
+        self.handle.why = offload.why
         self.key = key
         self.handshake.set_owner(owner)
         self._plans.remember(offload.policy, device, self.handle.plan)

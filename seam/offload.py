@@ -5,7 +5,7 @@ and kind the model goes by (logs, the panel, the stats: "text encoder: t5xxl"). 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from ..offload_core import DiskTier, OffloadKind, OffloadPolicy
@@ -22,6 +22,11 @@ class HeldOffload:
     policy: OffloadPolicy
     name: str
     kind: OffloadKind = OffloadKind.MODEL
+    #: Why its settings are what they are: the planner's sentence, where it chose them (None:
+    #: the user set them). It rides to the layout's handle, so every line of this network (the
+    #: sidebar, the memory report, the panel) says its own. Not what the offload is
+    #: (compare=False): a new sentence for the same settings keeps the layout.
+    why: str | None = field(default=None, compare=False)
 
     @property
     def title(self) -> str:

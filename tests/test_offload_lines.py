@@ -35,14 +35,18 @@ OffloadKind = oc.OffloadKind
 #: encoders the CLIP holds, by their names); the model's as Ferry Offload Model gives it.
 TE_NAME = "clip_l + t5xxl + gemma2_2b"
 MODEL_NAME = "DemoDiT"
+#: The planner's sentence for the text encoder (the node's ComfyOffload carries it).
+TE_WHY = "disk: the planner's sentence"
 
 
-def ferry_offload(tier: str, name: str, kind: Any, disk_path: str = "") -> Any:
+def ferry_offload(
+    tier: str, name: str, kind: Any, disk_path: str = "", why: str | None = None
+) -> Any:
     policy = config.policy_from_inputs(
         level="block", blocks_per_group=1, tier=tier, disk_path=disk_path, prefetch_depth=1,
         vram_budget="",
     )  # fmt: skip
-    return config.ComfyOffload(policy, name=name, kind=kind)
+    return config.ComfyOffload(policy, name=name, kind=kind, why=why)
 
 
 class Base(nn.Module):
@@ -73,9 +77,8 @@ def graph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Graph]:
         net_ref = net(**x)
     # The text encoder first, as a graph encodes before it samples.
     enc = binding_mod.ComfyLayout.of(te, te)
-    cfg = ferry_offload(
-        "disk", TE_NAME, OffloadKind.TEXT_ENCODER, str(tmp_path_factory.mktemp("te"))
-    )
+    folder = str(tmp_path_factory.mktemp("te"))
+    cfg = ferry_offload("disk", TE_NAME, OffloadKind.TEXT_ENCODER, folder, why=TE_WHY)
     assert enc.ensure(cfg, "cpu", None, lambda: None)
     model = binding_mod.ComfyLayout.of(Base(net), net)
     assert model.ensure(
@@ -120,8 +123,6 @@ def test_sidebar_payload_says_what_each_line_is(graph: Graph) -> None:
 def test_panel_rows_say_what_each_line_is(graph: Graph) -> None:
     pytest.importorskip("gradio")
     view = importlib.import_module(f"{PACK_NAME}.web.panel.monitor_view")
-    notes = importlib.import_module(f"{PACK_NAME}.offload_core.planner.notes")
-    notes.remember(f"text encoder: {TE_NAME}", "disk: the planner's sentence")
     snap = monitor.Snapshot([], monitor.read_offloads())
     rows = {
         row[0]: dict(zip(view.OFFLOAD_COLUMNS, row, strict=True)) for row in view.offload_rows(snap)
@@ -134,7 +135,7 @@ def test_panel_rows_say_what_each_line_is(graph: Graph) -> None:
     assert te["disk read GB/s"] == round(te_stats.disk_gbps, 2) and te["waiting s"] >= 0
     assert model["on disk GiB"] == 0 and model["in RAM GiB"] > 0
     # Why, where the planner chose: the same sentence as the sidebar's line.
-    assert te["why"] == "disk: the planner's sentence" and model["why"] == ""
+    assert te["why"] == TE_WHY and model["why"] == ""
 
 
 def test_memory_report_says_what_each_line_is(graph: Graph) -> None:

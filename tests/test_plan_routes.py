@@ -1,5 +1,6 @@
 """The pre-flight and budget routes' logic (nodes/ui/api.py), the per-prompt disk reads and the
-planner's sentence on each stats line (nodes/ui/stats.py, prompt_reads.py, planner/notes.py)."""
+planner's sentence on each stats line (nodes/ui/stats.py, prompt_reads.py), each carried by
+its layout's stats."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ load_pack()
 api = importlib.import_module(f"{PACK_NAME}.nodes.ui.api")
 stats = importlib.import_module(f"{PACK_NAME}.nodes.ui.stats")
 report = importlib.import_module(f"{PACK_NAME}.nodes.ui.report")
-plan_notes = importlib.import_module(f"{PACK_NAME}.offload_core.planner.notes")
 prompt_reads = importlib.import_module(f"{PACK_NAME}.nodes.ui.prompt_reads")
 errors = importlib.import_module(f"{PACK_NAME}.offload_core.errors")
 monitor = importlib.import_module(f"{PACK_NAME}.offload_core.tools.monitor")
@@ -96,9 +96,13 @@ def test_bad_budgets_are_refused_naming_them(tmp_path: Path, body: Any, setting:
     assert not (tmp_path / "s.json").exists()
 
 
-def sample(title_name: str, bytes_disk: int, kind: str = "model") -> Any:
+LAYOUT_IDS = {"flux": 1, "t5": 2, "wan": 3}
+
+
+def sample(title_name: str, bytes_disk: int, kind: str = "model", why: str | None = None) -> Any:
     kinds = importlib.import_module(f"{PACK_NAME}.offload_core.offload_kind")
-    stats_dict = {"name": title_name, "kind": kind, "tier": "disk", "bytes_disk": bytes_disk}
+    stats_dict = {"name": title_name, "kind": kind, "tier": "disk", "bytes_disk": bytes_disk,
+                  "layout_id": LAYOUT_IDS.get(title_name, 9), "why": why}  # fmt: skip
     return monitor.OffloadSample(title_name, stats_dict, kinds.OffloadKind(kind))
 
 
@@ -119,8 +123,8 @@ def test_disk_reads_are_counted_per_prompt_and_network() -> None:
 
 
 def test_the_planners_sentence_rides_on_the_line() -> None:
-    plan_notes.remember("model: flux", "disk: 23.8 GiB model flux, ...")
-    entry = stats.offload_entry(sample("flux", 0))
+    flux = sample("flux", 0, why="disk: 23.8 GiB model flux, ...")
+    entry = stats.offload_entry(flux)
     assert entry["why"] == "disk: 23.8 GiB model flux, ..."
-    assert "  why: disk: 23.8 GiB" in "\n".join(report.offload_lines(sample("flux", 0).stats))
+    assert "  why: disk: 23.8 GiB" in "\n".join(report.offload_lines(flux.stats))
     assert stats.offload_entry(sample("other", 0))["why"] is None

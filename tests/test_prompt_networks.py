@@ -85,7 +85,10 @@ def networks(files: Path, prompt: dict[str, Any]) -> list[Any]:
         p = files / name
         return str(p) if p.is_file() else None
 
-    return pn.prompt_networks(prompt, find, lambda kind: None, config.wish_from_widgets)
+    def wish_of(inputs: dict[str, Any]) -> Any:
+        return config.NodeSettings.parse(inputs).wish  # as graph_plan.py reads them
+
+    return pn.prompt_networks(prompt, find, lambda kind: None, wish_of)
 
 
 def test_four_networks_read_from_the_prompt_and_headers(files: Path) -> None:
@@ -157,27 +160,30 @@ def test_a_bad_widget_names_it(files: Path) -> None:
         ({"tier": "fast"}, None),
     ],
 )  # fmt: skip
-def test_wish_from_widgets(widgets: dict[str, Any], wish: Any) -> None:
+def test_node_settings_parse_the_wish(widgets: dict[str, Any], wish: Any) -> None:
     if wish is None:
         with pytest.raises(config.NodeInputError) as e:
-            config.wish_from_widgets(widgets)
+            config.NodeSettings.parse(widgets)
         assert e.value.input_name in widgets
     else:
-        assert config.wish_from_widgets(widgets) == wish
+        assert config.NodeSettings.parse(widgets).wish == wish
 
 
-def test_resolve_widgets_replaces_only_auto() -> None:
-    net = planner.NetworkFacts("m", "model", GIB, (GIB // 8,) * 8)
+def test_the_choice_fills_only_auto_as_a_typed_value() -> None:
+    widgets = {"tier": "auto", "blocks_per_group": "auto", "prefetch_depth": 3, "level": "block",
+               "disk_path": "", "vram_budget": ""}  # fmt: skip
+    settings = config.NodeSettings.parse(widgets)
+    net = planner.NetworkFacts("m", "model", GIB, (GIB // 8,) * 8, wish=settings.wish)
     machine = planner.MachineFacts(vram_free=None, ram_available=64 * GIB)
     choice = planner.plan_graph(machine, [net]).choices[0]
-    widgets = {"tier": "auto", "blocks_per_group": "auto", "prefetch_depth": 3, "level": "block"}
-    out = config.resolve_widgets(widgets, choice)
-    assert out == {"tier": "ram", "blocks_per_group": choice.blocks_per_group,
-                   "prefetch_depth": 3, "level": "block"}  # fmt: skip
-    policy = config.policy_from_inputs(
-        **{**out, "disk_path": "", "vram_budget": ""}, default_disk_path="/tmp"
-    )
+    assert choice.prefetch_depth == 3  # the user's, honoured by the planner
+    policy = settings.policy(choice, "/tmp")
     assert policy.tier_name == "ram" and policy.prefetch_depth == 3
+    assert policy.level.blocks_per_group == choice.blocks_per_group
+    assert policy.vram_budget is None and policy.planned_vram is None  # empty: the user's
+    with pytest.raises(config.NodeInputError) as e:
+        settings.policy(None, "/tmp")  # "auto" without the planner's choice
+    assert e.value.input_name == "tier"
 
 
 def test_saved_numbers_still_load_as_text() -> None:

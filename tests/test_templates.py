@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from offload_core.planner import MachineFacts, NetworkFacts, plan_graph
 from tests.conftest import load_pack
 from tests.node_schemas import node_schemas, widgets
 from tests.template_graph import NOTE_TYPES, Workflow, template_paths
@@ -124,22 +125,19 @@ def test_every_ferry_node_has_its_inputs_and_legal_values(path: Any) -> None:
 @pytest.mark.parametrize("path", PATHS, ids=IDS)
 def test_ferry_offload_settings_pass_the_nodes_own_checks(path: Any) -> None:
     # The same parser the node runs (nodes/planning/config.py): a template never fails validation.
-    config = __import__(
-        f"{load_pack().__name__}.nodes.planning.config", fromlist=["policy_from_inputs"]
-    )
+    config = __import__(f"{load_pack().__name__}.nodes.planning.config", fromlist=["NodeSettings"])
     wf = Workflow.load(path)
     for type_ in ("FerryOffloadModel", "FerryOffloadTextEncoder"):
         names = [w["name"] for w in ordered_widgets(type_)]
         for n in wf.of_type(type_):
             values = dict(zip(names, n["widgets_values"]))
             assert values.pop("use_panel_settings") is False  # the widgets are what runs
-            # As the node does: "auto" widgets are checked as the planner's wish, then filled
-            # by its choice (any legal one here) before the policy parser sees them.
-            config.wish_from_widgets(values)
-            legal = {"tier": "ram", "blocks_per_group": 1, "prefetch_depth": 1}
-            values = {k: legal[k] if config.is_auto(v) and k in legal else v
-                      for k, v in values.items()}  # fmt: skip
-            config.policy_from_inputs(default_disk_path="/tmp/ferry", **values)
+            # As the node does: the widgets parsed once (its execute and validate_inputs
+            # parse the same way); what is set builds a policy, "auto" is the planner's.
+            settings = config.NodeSettings.parse(values)
+            net = NetworkFacts("m", "model", 1 << 30, (1 << 27,) * 8, wish=settings.wish)
+            choice = plan_graph(MachineFacts(None, 64 << 30), [net]).choices[0]
+            settings.policy(choice, "/tmp/ferry")
 
 
 @pytest.mark.parametrize("path", PATHS, ids=IDS)

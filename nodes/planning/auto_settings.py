@@ -15,15 +15,12 @@ from typing import Any
 
 from ...offload_core import ConfigError
 from ...offload_core.planner import Choice, NetworkFacts, Wish, plan_graph
-from ...offload_core.planner import notes as plan_notes
 from ...offload_core.planner.facts import Kind
 from ...offload_core.planner.network_module import network_from_module
 from ...offload_core.tools.settings_file import load_settings
-from ...offload_core.units import GIB
 from ..input_error import NodeInputError, as_node_error
 from . import graph_plan
-from .config import AUTO_WIDGETS, is_auto, resolve_widgets
-from .config import wish_from_widgets as wish_of_widgets
+from .config import NodeSettings
 
 log = logging.getLogger("ferry")
 
@@ -63,14 +60,15 @@ def _held(in_hand: Callable[[], NetworkFacts]) -> int:
         return 0
 
 
-def planned_widgets(
+def planned_choice(
     hidden: Any,
-    widgets: dict[str, Any],
+    settings: NodeSettings,
     in_hand: Callable[[], NetworkFacts],
     default_folder: str,
-) -> tuple[dict[str, Any], Choice | None]:
-    """The node's widgets with every "auto" resolved, and the planner's choice for it (None
-    where nothing was planned). A plan that refuses raises NodeInputError naming the widget."""
+) -> Choice | None:
+    """The planner's choice for the node's network (None where nothing was planned: no
+    prompt shows it and nothing is on "auto"). A plan that refuses raises NodeInputError
+    naming the widget."""
     prompt = getattr(hidden, "prompt", None)
     node_id = getattr(hidden, "unique_id", None)
     choice = None
@@ -86,29 +84,14 @@ def planned_widgets(
             )
             planned.plan.check()
             choice = planned.choice_for(node)
-        if choice is None and any(is_auto(widgets.get(k)) for k in AUTO_WIDGETS):
-            net = in_hand()
-            net = replace(net, wish=wish_of_widgets(widgets))
-            machine = graph_plan.host_machine(
-                graph_plan.disk_folder_of(widgets, default_folder), budgets()
-            )
+        if choice is None and settings.auto:
+            net = replace(in_hand(), wish=settings.wish)
+            machine = graph_plan.host_machine(settings.disk_folder(default_folder), budgets())
             choice = plan_graph(machine, [net]).check().choices[0]
             log.info("ferry plan: %s: %s", net.title, choice.reason)
     except ConfigError as e:
         raise as_node_error(e) from None
-    vram_cap = budgets()[0]
-    if vram_cap is not None and is_auto(widgets.get("vram_budget")):
-        # Ferry's VRAM budget (the settings file) caps what "auto" keeps on the GPU.
-        widgets = {**widgets, "vram_budget": vram_cap / GIB}  # exact: bytes / 2**30
-    if choice is None:
-        return widgets, None
-    return resolve_widgets(widgets, choice), choice
+    return choice
 
 
-def remember(title: str, choice: Choice | None) -> None:
-    """Keeps the choice's sentence for the network's line in the sidebar and the report."""
-    if choice is not None:
-        plan_notes.remember(title, choice.reason)
-
-
-__all__ = ["NodeInputError", "budgets", "network_in_hand", "planned_widgets", "remember"]
+__all__ = ["NodeInputError", "budgets", "network_in_hand", "planned_choice"]

@@ -1,5 +1,8 @@
 """The offload node's widget values -> a validated OffloadPolicy, every error naming a widget.
 
+The widgets are parsed once, into ``NodeSettings``: the node's ``execute``, its
+``validate_inputs`` and the prompt reader (graph_plan.py) all parse there; the planner's
+choice fills what is on "auto" as a typed value (``NodeSettings.policy``).
 Pure logic (no ComfyUI import), so CI tests it directly. The node only calls these.
 A ConfigError from offload_core names a *setting* ("vram_budget_gb"); a user sees *widgets*
 ("vram_budget"), so each error is re-raised as NodeInputError naming the widget to change.
@@ -7,22 +10,32 @@ A ConfigError from offload_core names a *setting* ("vram_budget_gb"); a user see
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ...offload_core import ConfigError, DiskTier, OffloadPolicy
 from ...offload_core.disk import folder as disk_folder
-from ...offload_core.planner import Choice, Wish
+from ...offload_core.planner import Choice, Wish, with_choice
 from ...offload_core.policy import (
     AUTO,
     DEFAULT_HEADROOM_GB,
     LEVEL_NAMES,
     TIER_NAMES,
+    BakeMode,
+    BlockLevel,
+    LeafLevel,
+    LevelName,
+    RamTier,
+    Tier,
+    parse_bake_lora,
     parse_blocks_per_group,
     parse_disk_path,
+    parse_headroom,
     parse_prefetch_depth,
+    parse_vram_budget,
 )
 from ...seam.offload import HeldOffload
 from ..input_error import NodeInputError, as_node_error
@@ -40,78 +53,135 @@ CPU_READ_CHOICES = ("auto", "mapped", "copy")
 # policy_from_inputs read them there), so a default is written once.
 
 
-def policy_from_inputs(
-    *,
-    level: str,
-    blocks_per_group: int,
-    tier: str,
-    disk_path: str,
-    prefetch_depth: int,
-    vram_budget: str,
-    default_disk_path: str | None = None,
-    headroom_gb: float = DEFAULT_HEADROOM_GB,
-    direct_io: bool = DiskTier.direct_io,
-    verify: str = DiskTier.verify,
-    cpu_read: str = DiskTier.cpu_read,
-    bake_lora: str = "off",
-) -> OffloadPolicy:
-    """The policy the widgets describe, validated. Raises NodeInputError naming a widget.
-
-    The raw widget values go to ``OffloadPolicy.from_dict``, which runs each setting's one
-    parser (the panel and the settings file use the same ones).
-    """
-    disk = tier == "disk"
-    try:
-        # The setting's one parser: empty is this host's default folder.
-        path = parse_disk_path(disk_path, default_disk_path) if disk else None
-        return OffloadPolicy.from_dict(
-            {
-                "level": level,
-                "blocks_per_group": blocks_per_group,
-                "tier": tier,
-                "disk_path": path,
-                "direct_io": direct_io if disk else None,
-                "verify": verify if disk else None,
-                "cpu_read": cpu_read if disk else None,
-                "prefetch_depth": prefetch_depth,
-                "vram_budget_gb": vram_budget,
-                "headroom_gb": headroom_gb,
-                "bake_lora": bake_lora,
-            }
-        )
-    except ConfigError as e:
-        raise as_node_error(e) from None
+def policy_from_inputs(*, default_disk_path: str | None = None, **widgets: Any) -> OffloadPolicy:
+    """The policy of widgets that set every setting (none on "auto"), validated; an empty
+    disk_path is ``default_disk_path``. Raises NodeInputError naming a widget."""
+    return NodeSettings.parse(widgets).policy(None, default_disk_path)
 
 
 def is_auto(value: Any) -> bool:
     return isinstance(value, str) and value.strip().lower() == AUTO
 
 
-def wish_from_widgets(widgets: dict[str, Any]) -> Wish:
-    """What a Ferry node's tier, blocks_per_group and prefetch_depth widgets ask of the
-    planner: None where "auto". A bad value raises NodeInputError naming the widget."""
-    tier = widgets.get("tier", AUTO)
-    if not is_auto(tier) and tier not in TIER_NAMES:
-        raise NodeInputError("tier", f"must be one of {list(TIER_CHOICES)}, got {tier!r}")
-    try:
-        blocks, depth = (widgets.get(k, AUTO) for k in ("blocks_per_group", "prefetch_depth"))
-        return Wish(
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a Ferry offload node's widgets say. ``wish``: tier, blocks_per_group and
+    prefetch_depth (None: "auto", the planner's); the rest are fixed. ``disk_path`` is kept
+    as typed (empty: the host's default folder): it is read only where the tier is disk."""
+
+    wish: Wish
+    level: LevelName = "block"
+    disk_path: str = ""
+    vram_budget: int | Literal["auto"] | None = AUTO
+    headroom_bytes: int = parse_headroom(DEFAULT_HEADROOM_GB)
+    direct_io: Any = DiskTier.direct_io
+    verify: Any = DiskTier.verify
+    cpu_read: Any = DiskTier.cpu_read
+    bake_lora: BakeMode = "off"
+
+    @classmethod
+    def parse(cls, widgets: Mapping[str, Any]) -> NodeSettings:
+        """The widgets (by id; a missing one takes its default) parsed. Raises
+        NodeInputError naming the widget to change."""
+        try:
+            return cls._parse(widgets)
+        except ConfigError as e:
+            raise as_node_error(e) from None
+
+    @classmethod
+    def _parse(cls, w: Mapping[str, Any]) -> NodeSettings:
+        level = w.get("level", "block")
+        if level not in LEVEL_NAMES:
+            raise ConfigError("level", f"must be 'block' or 'leaf', got {level!r}")
+        tier = w.get("tier", AUTO)
+        if not is_auto(tier) and tier not in TIER_NAMES:
+            raise NodeInputError("tier", f"must be one of {list(TIER_CHOICES)}, got {tier!r}")
+        blocks, depth = w.get("blocks_per_group", AUTO), w.get("prefetch_depth", AUTO)
+        wish = Wish(
             tier=None if is_auto(tier) else tier,
             blocks_per_group=None if is_auto(blocks) else parse_blocks_per_group(blocks),
             prefetch_depth=None if is_auto(depth) else parse_prefetch_depth(depth),
         )
-    except ConfigError as e:
-        raise as_node_error(e) from None
+        typed = w.get("disk_path")
+        typed = "" if typed is None else typed
+        if wish.tier == "disk" and (not isinstance(typed, str) or typed.strip()):
+            parse_disk_path(typed)  # empty is the host's default folder, given at policy()
+        disk = {k: w.get(k) for k in ("direct_io", "verify", "cpu_read")}  # None: the default
+        return cls(
+            wish=wish,
+            level=level,
+            disk_path=typed if isinstance(typed, str) else "",
+            vram_budget=parse_vram_budget(w.get("vram_budget", AUTO)),
+            headroom_bytes=parse_headroom(w.get("headroom_gb", DEFAULT_HEADROOM_GB)),
+            **{k: getattr(DiskTier, k) if v is None else v for k, v in disk.items()},
+            bake_lora=parse_bake_lora(w.get("bake_lora") or "off"),
+        )
 
+    @property
+    def auto(self) -> bool:
+        """Whether any setting is left to the planner."""
+        return None in (self.wish.tier, self.wish.blocks_per_group, self.wish.prefetch_depth)
 
-def resolve_widgets(widgets: dict[str, Any], choice: Choice) -> dict[str, Any]:
-    """The widgets with each "auto" replaced by the planner's ``choice``."""
-    chosen = {
-        "tier": choice.tier,
-        "blocks_per_group": choice.blocks_per_group,
-        "prefetch_depth": choice.prefetch_depth,
-    }
-    return {k: chosen[k] if k in chosen and is_auto(v) else v for k, v in widgets.items()}
+    def disk_folder(self, default: str) -> str:
+        """The disk folder the planner counts for this node: its disk_path where that is a
+        full path, else the host's ``default`` (ComfyUI's temp folder)."""
+        path = self.disk_path.strip()
+        return path if path and os.path.isabs(os.path.expanduser(path)) else default
+
+    def with_vram_cap(self, cap: int | None) -> NodeSettings:
+        """Ferry's VRAM budget (the settings file, the sidebar) caps what "auto" keeps."""
+        if cap is None or self.vram_budget != AUTO:
+            return self
+        return replace(self, vram_budget=cap)
+
+    def policy(
+        self, choice: Choice | None = None, default_disk_path: str | None = None
+    ) -> OffloadPolicy:
+        """The policy these settings run with: ``choice``, the planner's for this node's
+        network, fills every setting left on "auto" (offload_core/planner/apply.py ``with_choice``); with
+        none, every setting must be set. ``default_disk_path``: the folder an empty disk_path
+        means. Raises NodeInputError naming the widget to change."""
+        if choice is None and self.auto:
+            raise NodeInputError("tier", "'auto' needs the planner's choice; none was made")
+        try:
+            fixed = self._fixed_policy(default_disk_path)
+            if choice is None:
+                return fixed
+            chose_disk = self.wish.tier is None and choice.tier == "disk"
+            return with_choice(fixed, choice, self._disk(default_disk_path) if chose_disk else None)
+        except ConfigError as e:
+            raise as_node_error(e) from None
+
+    def _fixed_policy(self, default_disk_path: str | None) -> OffloadPolicy:
+        """What the user set; a setting on "auto" keeps OffloadPolicy's own default until
+        ``with_choice`` replaces it with the planner's."""
+        w = self.wish
+        level = BlockLevel(w.blocks_per_group or 1) if self.level == "block" else LeafLevel()
+        tier: Tier | None = None
+        if w.tier == "disk":
+            tier = self._disk(default_disk_path)
+        elif w.tier == "ram":
+            tier = RamTier()
+        policy = OffloadPolicy(
+            level=level,
+            prefetch_depth=w.prefetch_depth or 1,
+            vram_budget=self.vram_budget,
+            headroom_bytes=self.headroom_bytes,
+            bake_lora=self.bake_lora,
+        )
+        policy = policy if tier is None else replace(policy, tier=tier)
+        policy.validate()
+        return policy
+
+    def _disk(self, default_disk_path: str | None) -> DiskTier:
+        disk = DiskTier(
+            parse_disk_path(self.disk_path, default_disk_path),
+            direct_io=self.direct_io,
+            verify=self.verify,
+            cpu_read=self.cpu_read,
+        )
+        disk.validate()
+        return disk
 
 
 def policy_from_panel(load: Callable[[], Any]) -> OffloadPolicy:

@@ -27,7 +27,8 @@ from ...offload_core.planner.facts import Kind, Wish
 from ...offload_core.planner.machine import read_machine
 from ...offload_core.runtime.memory import process_memory
 from ...offload_core.tools.monitor import read_offloads
-from .config import wish_from_widgets
+from ..input_error import NodeInputError
+from .config import NodeSettings
 from .prompt_networks import FERRY_NODES, PromptNetwork, prompt_networks, sampler_steps
 
 log = logging.getLogger("ferry")
@@ -129,20 +130,15 @@ def host_machine(disk_folder: str | None, budgets: tuple[int | None, int | None]
     return replace(machine, ram_available=machine.ram_available + _live_host_ram())
 
 
-def disk_folder_of(widgets: dict[str, Any], default: str) -> str:
-    """A Ferry node's disk folder: its disk_path widget where it holds a full path, else the
-    host's default (ComfyUI's temp folder)."""
-    path = widgets.get("disk_path")
-    if isinstance(path, str) and path.strip() and os.path.isabs(os.path.expanduser(path.strip())):
-        return path.strip()
-    return default
-
-
 def _disk_folder(prompt: dict[str, Any], default: str) -> str:
-    """The disk folder of the prompt's first Ferry node that names one, else the default."""
+    """The disk folder of the prompt's first Ferry node that names one, else the default. A
+    node whose widgets do not parse names none here: its own check reports it."""
     for node in prompt.values():
         if isinstance(node, dict) and node.get("class_type") in FERRY_NODES:
-            path = disk_folder_of(node.get("inputs", {}), "")
+            try:
+                path = NodeSettings.parse(node.get("inputs", {})).disk_folder("")
+            except NodeInputError:
+                continue
             if path:
                 return path
     return default
@@ -164,7 +160,7 @@ def plan_prompt(
     def wish_of(inputs: dict[str, Any]) -> Wish:
         if inputs.get("use_panel_settings") and panel_wish is not None:
             return panel_wish
-        return wish_from_widgets(inputs)
+        return NodeSettings.parse(inputs).wish  # the node's own parser
 
     held = held or {}
     networks = [

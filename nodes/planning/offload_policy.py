@@ -1,7 +1,8 @@
-"""A Ferry offload node's policy, from its widgets to a checked clone: "auto" planned for the
-whole prompt (auto_settings.py), the panel's saved settings where the node says so, and the
-policy validated against the network (the plan; room in the disk folder) before any weight
-moves. Every offload node (offload_node.py's FerryOffloadNode) calls these."""
+"""A Ferry offload node's policy, from its parsed widgets to a checked clone: "auto" planned
+for the whole prompt (auto_settings.py) and applied as a typed value, the panel's saved
+settings where the node says so, and the policy validated against the network (the plan;
+room in the disk folder) before any weight moves. Every offload node (offload_node.py's
+FerryOffloadNode) calls these."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from ...offload_core.planner.facts import Kind
 from ...offload_core.tools.settings_file import default_settings_path, load_settings
 from ..input_error import NodeInputError, as_node_error
 from ..loading.stream_loader import bytes_to_write
-from .auto_settings import network_in_hand, planned_widgets
-from .config import ComfyOffload, check_disk_folder, policy_from_inputs, policy_from_panel
+from .auto_settings import budgets, network_in_hand, planned_choice
+from .config import ComfyOffload, NodeSettings, check_disk_folder, policy_from_panel
 
 
 def default_disk_path() -> str:
@@ -34,34 +35,28 @@ def settings_fingerprint() -> tuple[str, int, int]:
     return (str(p), st.st_mtime_ns, st.st_size)
 
 
-def auto_policy(
+def node_policy(
     hidden: Any,
-    use_panel_settings: bool,
-    widgets: dict[str, Any],
+    settings: NodeSettings | None,
     network: Any,
     name: str,
     kind: Kind = "model",
 ) -> tuple[OffloadPolicy, Choice | None]:
-    """The node's policy with its "auto" settings planned (auto_settings.py) for the whole
-    prompt, and the planner's choice (None where nothing was planned)."""
-    choice = None
-    if not use_panel_settings:
+    """The policy a Ferry offload node runs with, and the planner's choice (None where
+    nothing was planned): the panel's saved settings (``settings`` None: use_panel_settings
+    is on), or the node's ``settings`` (its widgets, parsed) with every "auto" filled by the plan of the whole prompt
+    (auto_settings.py) as a typed value. Raises NodeInputError naming the widget."""
+    if settings is None:
+        return policy_from_panel(load_settings), None
 
-        def in_hand() -> NetworkFacts:
-            if network is None:
-                raise NodeInputError("tier", "this input holds no network to plan; choose a tier")
-            return network_in_hand(network, name, kind)
+    def in_hand() -> NetworkFacts:
+        if network is None:
+            raise NodeInputError("tier", "this input holds no network to plan; choose a tier")
+        return network_in_hand(network, name, kind)
 
-        widgets, choice = planned_widgets(hidden, widgets, in_hand, default_disk_path())
-    return node_policy(use_panel_settings, **widgets), choice
-
-
-def node_policy(use_panel_settings: bool, **widgets: Any) -> OffloadPolicy:
-    """The policy a Ferry offload node runs with: the panel's saved settings, or its widgets'
-    (validated; a bad one raises NodeInputError naming it)."""
-    if use_panel_settings:
-        return policy_from_panel(load_settings)
-    return policy_from_inputs(default_disk_path=default_disk_path(), **widgets)
+    settings = settings.with_vram_cap(budgets()[0])
+    choice = planned_choice(hidden, settings, in_hand, default_disk_path())
+    return settings.policy(choice, default_disk_path()), choice
 
 
 def check_against_model(out: Any, config: ComfyOffload, use_panel_settings: bool) -> None:

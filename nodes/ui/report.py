@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from ...offload_core.offload_kind import OffloadKind
-from ...offload_core.planner import notes as plan_notes
 from ...offload_core.runtime.memory import DeviceMemory, ProcessMemory
 from ...offload_core.units import fmt_bytes
 from . import prompt_reads
@@ -47,10 +46,10 @@ def offload_lines(stats: dict[str, Any]) -> list[str]:
         f"  forwards {stats.get('forwards')}, stall {float(stats.get('stall_s') or 0):.3f} s of "
         f"{float(stats.get('transfer_s') or 0):.3f} s transfer",
     ]
-    prompt = prompt_reads.read_this_prompt(title, int(stats.get("bytes_disk") or 0))
+    prompt = prompt_reads.read_this_prompt(stats)
     if prompt is not None and stats.get("tier") == "disk":
         out.append(f"  read from disk this prompt: {fmt_bytes(prompt)}")
-    why = plan_notes.why(title)
+    why = stats.get("why")  # its planner's sentence, carried by its layout
     if why:
         out.append(f"  why: {why}")
     return out

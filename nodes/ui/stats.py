@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ...offload_core.planner import notes as plan_notes
 from ...offload_core.tools.monitor import OffloadSample, Sample
 from . import prompt_reads
 
@@ -60,12 +59,11 @@ def offload_entry(o: OffloadSample) -> dict[str, Any]:
     out = {k: s.get(k) for k in _OFFLOAD_FIELDS}
     out.update(what)
     out["tiers"] = {k: v for k, v in (s.get("bytes_per_tier") or {}).items() if v}
-    # Why its tier, groups and look-ahead: the planner's sentence, where it chose them.
-    out["why"] = plan_notes.why(o.title)
+    # Why its tier, groups and look-ahead: its planner's sentence (its layout's), where the
+    # planner chose them.
+    out["why"] = s.get("why")
     # What the disk tier cost this prompt (the running one, or the last one seen).
-    out["disk_read_last_prompt"] = prompt_reads.read_this_prompt(
-        o.title, int(s.get("bytes_disk") or 0)
-    )
+    out["disk_read_last_prompt"] = prompt_reads.read_this_prompt(s)
     # "Bytes moved": what reached the compute device. From disk onto a CPU nothing is
     # copied host-to-device (the read lands in the slot), so the disk bytes count there.
     out["bytes_moved"] = max(int(s.get("bytes_h2d") or 0), int(s.get("bytes_disk") or 0))
@@ -73,11 +71,8 @@ def offload_entry(o: OffloadSample) -> dict[str, Any]:
 
 
 def observe_prompt(prompt_id: str | None, offloads: list[OffloadSample]) -> None:
-    """Tells prompt_reads which prompt runs now, with each offload's disk bytes."""
-    disk = {
-        o.title: int(o.stats.get("bytes_disk") or 0) for o in offloads if "error" not in o.stats
-    }
-    prompt_reads.observe(prompt_id, disk)
+    """Tells prompt_reads which prompt runs now, with each offload's stats."""
+    prompt_reads.observe(prompt_id, [o.stats for o in offloads if "error" not in o.stats])
 
 
 def stats_payload(

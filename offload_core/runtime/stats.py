@@ -85,6 +85,11 @@ class OffloadStats:
     never_ran: list[str]
     disk_folder: str | None
     notes: list[str]
+    #: The host's sentence for why its settings (the planner's; None: set by the user).
+    why: str | None = None
+    #: This layout's number in the process, never reused: what a host keys per-layout state
+    #: by (a name comes back when a network is laid out again).
+    layout_id: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,7 +12,6 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from ...offload_core.planner import notes
 from ...offload_core.tools.monitor import Snapshot
 from ...offload_core.units import GIB
 from .compat import private_api
@@ -76,7 +75,7 @@ def offload_rows(snap: Snapshot) -> list[list[Any]]:
             num(s.get("stall_s"), nd=3),
             num(s.get("overlap"), 100.0, 1),
             s.get("forwards", "-"),
-            notes.why(o.title) or "",  # the planner's sentence, where it chose the settings
+            s.get("why") or "",  # its planner's sentence (its layout's), where it chose them
         ])  # fmt: skip
     return out
 
