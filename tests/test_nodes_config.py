@@ -160,3 +160,34 @@ def test_source_checkpoint_only_for_the_disk_tier(tmp_path: Path) -> None:
     source.write_bytes(b"")
     assert disk.with_source_checkpoint(str(source)).policy.tier.source_checkpoint == str(source)
     assert disk.with_source_checkpoint(None) == disk
+
+
+@pytest.mark.parametrize(
+    ("widgets", "bad"),
+    [
+        ({"tier": "auto", "disk_path": "relative/folder"}, None),  # auto: the plan's folder
+        ({"tier": "disk", "disk_path": "relative/folder"}, "disk_path"),
+        ({"tier": "auto", "vram_budget": "lots"}, "vram_budget"),
+        ({"tier": "auto", "blocks_per_group": "0"}, "blocks_per_group"),
+        ({"tier": "auto", "level": "branch"}, "level"),
+        ({"tier": "fast"}, "tier"),
+    ],
+)
+def test_the_widgets_parse_once_and_say_nothing_of_auto(
+    widgets: dict[str, object], bad: str | None
+) -> None:
+    # What validate_inputs and execute both run: no stand-in for an "auto" setting.
+    if bad is None:
+        s = config.NodeSettings.parse(widgets)
+        assert s.auto and s.wish.tier is None and s.disk_path == "relative/folder"
+        return
+    with pytest.raises(config.NodeInputError) as e:
+        config.NodeSettings.parse(widgets)
+    assert e.value.input_name == bad
+
+
+def test_the_vram_cap_replaces_only_auto() -> None:
+    auto = config.NodeSettings.parse({"vram_budget": "auto"})
+    assert auto.with_vram_cap(oc.units.GIB).vram_budget == oc.units.GIB
+    fixed = config.NodeSettings.parse({"vram_budget": "6"})
+    assert fixed.with_vram_cap(oc.units.GIB).vram_budget == 6 * oc.units.GIB

@@ -1,5 +1,6 @@
-"""A Ferry offload node's "auto" widgets, resolved by the planner for the whole prompt
-(graph_plan.py), and a choice the user forced that cannot work refused before any work.
+"""The planner's choice for a Ferry offload node's network, planned with the whole prompt
+(graph_plan.py), and a choice the user forced that cannot work refused before any work. The
+choice stays a typed value: NodeSettings.policy applies it (config.py).
 
 The node gets the queued prompt and its own id from ComfyUI (V3 hidden inputs). Where it has
 none (a prompt built in code without them) or its network is not found in the prompt (a
