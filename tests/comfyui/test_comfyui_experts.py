@@ -137,7 +137,9 @@ def test_each_expert_shows_its_own_sentence_and_disk_reads(server: Server) -> No
     assert sorted(lines) == ["WanModel", "WanModel-2"], list(lines)
     assert [lines[n]["why"] for n in first] == [first[n]["why"] for n in first]
     read = {n: lines[n]["bytes_disk"] - first[n]["bytes_disk"] for n in lines}
-    assert 0 < read["WanModel"] < read["WanModel-2"], read  # 1 step against 3
+    # Both read from disk (one step against three, float32 against fp8: the reads differ).
+    assert read["WanModel"] > 0 and read["WanModel-2"] > 0, read
+    assert read["WanModel"] != read["WanModel-2"], read
     assert {n: lines[n]["disk_read_last_prompt"] for n in lines} == read
     # The memory report (taken after the low-noise sampler) says the same, line by line.
     (text,) = [o["text"][0] for o in entry["outputs"].values() if "text" in o]
