@@ -45,8 +45,6 @@ LEVELS = LEVEL_NAMES
 TIERS = TIER_NAMES
 #: The tier widget's choices: "auto" (the planner's, the default) first, then the tiers.
 TIER_CHOICES = (AUTO, *TIER_NAMES)
-#: The widgets "auto" may stand in, each one's planner field.
-AUTO_WIDGETS = ("tier", "blocks_per_group", "prefetch_depth")
 VERIFY_CHOICES = ("first_read", "every_read")
 CPU_READ_CHOICES = ("auto", "mapped", "copy")
 # The optional widgets' defaults are the DiskTier's own (offload_inputs.py and
