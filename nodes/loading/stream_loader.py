@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ...offload_core import ConfigError
 from ...offload_core.formats.safetensors import Header, read_checkpoint_header
+from ...offload_core.formats.weight_dtypes import WEIGHT_DTYPES
 from ...offload_core.quant.group_stream import QuantizedStream
 from ...offload_core.sources.checkpoint import CheckpointIndex
 from ...offload_core.sources.checkpoint_stream import CheckpointWeights, Converter
@@ -45,11 +46,6 @@ from .core_quant_stream import lazy_core_quant_model
 
 log = logging.getLogger("ferry")
 WIDGET = "unet_name"
-WEIGHT_DTYPES = {
-    "default": None,
-    "fp8_e4m3fn": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-}
 DM = comfy_core.DM
 # Keys of ComfyUI's own quantized formats (comfy.utils.convert_old_quants, detect_layer_quantization).
 _CORE_QUANT_KEYS = (

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ...offload_core.errors import ConfigError
+from ...offload_core.formats.weight_dtypes import WEIGHT_DTYPES
 from ...offload_core.offload_kind import OffloadKind
 from ...offload_core.planner.facts import Kind, NetworkFacts, Wish
 from ...offload_core.planner.network_file import network_from_file
@@ -148,14 +149,6 @@ def reads_per_prompt(prompt: dict[str, Any]) -> float:
     return max(reads, default=float(DEFAULT_STEPS * 2))
 
 
-#: A loader's ``weight_dtype`` widget (UNETLoader's, Ferry's loader's): the dtype it loads in.
-WEIGHT_DTYPES = {
-    "fp8_e4m3fn": torch.float8_e4m3fn,
-    "fp8_e4m3fn_fast": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-}
-
-
 def _part(
     path: str, spec: Loader, name: str, rule: Any, widget: str, how: tuple[Any, Any]
 ) -> NetworkFacts | None:
@@ -181,6 +174,7 @@ def _facts(
 ) -> NetworkFacts | None:
     """The network ``spec`` reads from the loader node's files (None: none of its tensors
     are there, e.g. a checkpoint without a VAE)."""
+    # A loader's weight_dtype widget (UNETLoader's, Ferry's loader's), where it names one.
     rule = WEIGHT_DTYPES.get(node.get("inputs", {}).get("weight_dtype")) or cast(spec.kind)
     # Ferry's quantizing loader: its preset's Linears count at the preset's bytes.
     preset = node.get("inputs", {}).get("quant_preset")
