@@ -90,15 +90,6 @@ class LazyCheckpoint:
             self.path, dm, prefix=self.prefix, setting=WIDGET, convert=convert, changed=changed
         )
 
-    def open_stream(
-        self,
-        dm: nn.Module,
-        convert: Converter | None = None,
-        changed: Callable[[str], bool] | None = None,
-    ) -> CheckpointWeights:
-        """The file as the source of a Ferry layout (nothing to read first)."""
-        return self.weights(dm, convert, changed)
-
     def materialize(self, dm: nn.Module, device: torch.device) -> None:
         self.weights(dm).materialize(dm, device)
 
@@ -113,13 +104,6 @@ class Lazy(Protocol):
     def network(self, base: Any) -> nn.Module: ...
 
     def weights(
-        self,
-        net: nn.Module,
-        convert: Converter | None = None,
-        changed: Callable[[str], bool] | None = None,
-    ) -> CheckpointWeights: ...
-
-    def open_stream(
         self,
         net: nn.Module,
         convert: Converter | None = None,
@@ -307,7 +291,7 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
         out = comfy.float.stochastic_rounding(out, weight.dtype, seed=seed)
         return out.to("cpu")
 
-    return lazy.open_stream(lazy.network(base), convert, lambda name: pre + name in patches)
+    return lazy.weights(lazy.network(base), convert, lambda name: pre + name in patches)
 
 
 def _needs_other_tensors(base: Any, key: str) -> bool:
@@ -345,7 +329,7 @@ def core_patched(patcher: Any, key: str, weight: torch.Tensor, device_to: torch.
 
 def unstreamed_patches(patcher: Any, weights: CheckpointWeights) -> list[str]:
     """The patcher's patch keys whose tensors ``weights`` (the streamed file) does not hold:
-    a lazy text encoder's other files, read whole into the module by ``open_stream``."""
+    a lazy text encoder's other files, read whole into the module by ``weights``."""
     pre = patcher.model.ferry_checkpoint.patch_prefix
     return [k for k in patcher.patches if k[len(pre) :] not in weights.keys]
 
