@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...offload_core import ConfigError, DiskTier, OffloadPolicy
+from ...offload_core.control_defaults import CONTROL_DEFAULTS, PLANNED_SETTINGS
 from ...offload_core.disk import folder as disk_folder
 from ...offload_core.planner import Choice, Wish
 from ...offload_core.policy import (
@@ -33,11 +34,9 @@ TIERS = TIER_NAMES
 #: The tier widget's choices: "auto" (the planner's, the default) first, then the tiers.
 TIER_CHOICES = (AUTO, *TIER_NAMES)
 #: The widgets "auto" may stand in, each one's planner field.
-AUTO_WIDGETS = ("tier", "blocks_per_group", "prefetch_depth")
-VERIFY_CHOICES = ("first_read", "every_read")
-CPU_READ_CHOICES = ("auto", "mapped", "copy")
-# The optional widgets' defaults are the DiskTier's own (offload_inputs.py and
-# policy_from_inputs read them there), so a default is written once.
+AUTO_WIDGETS = PLANNED_SETTINGS
+# The optional widgets' defaults are the policy's (offload_core/control_defaults.py:
+# offload_inputs.py and policy_from_inputs read them there), so a default is written once.
 
 
 def policy_from_inputs(
@@ -53,7 +52,7 @@ def policy_from_inputs(
     direct_io: bool = DiskTier.direct_io,
     verify: str = DiskTier.verify,
     cpu_read: str = DiskTier.cpu_read,
-    bake_lora: str = "off",
+    bake_lora: str = CONTROL_DEFAULTS["bake_lora"],
 ) -> OffloadPolicy:
     """The policy the widgets describe, validated. Raises NodeInputError naming a widget.
 
