@@ -23,5 +23,5 @@ class FerryOffloadClipVision(FerryOffloadNode):
         NODE_ID, "Ferry Offload CLIP Vision",
         "Streams the CLIP vision encoder's layers group by group while it encodes an image, "
         "from pinned RAM, RAM or disk. Put it right after Load CLIP Vision.",
-        io.ClipVision, "CLIP vision model",
+        io.ClipVision, CLIP_VISION.what,
     )  # fmt: skip

@@ -26,5 +26,5 @@ class FerryOffloadControlNet(FerryOffloadNode):
         "Streams the ControlNet's blocks group by group while it runs beside the model, from "
         "pinned RAM, RAM or disk, as Ferry Offload Model does for the diffusion model. Put it "
         "right after the ControlNet loader.",
-        io.ControlNet, "ControlNet",
+        io.ControlNet, CONTROLNET.what,
     )  # fmt: skip

@@ -10,10 +10,11 @@ import comfy.utils
 import folder_paths
 from comfy_api.latest import io
 
+from ..offload_core.formats.weight_dtypes import STORAGE_WEIGHT_DTYPES, WEIGHT_DTYPES
 from ..offload_core.quant import PRESETS
 from .input_error import NodeInputError
 from .loading.quant_loader import check_preset, load_quantized_diffusion_model
-from .loading.stream_loader import WEIGHT_DTYPES, is_lazy, lazy_diffusion_model
+from .loading.stream_loader import is_lazy, lazy_diffusion_model
 from .patcher import comfy_core
 from .patcher.patcher import ferry_patcher_class
 
@@ -51,7 +52,7 @@ class FerryLoadDiffusionModelQuantized(io.ComfyNode):
                 ),
                 io.Combo.Input(
                     "weight_dtype",
-                    options=list(WEIGHT_DTYPES),
+                    options=list(STORAGE_WEIGHT_DTYPES),
                     default="default",
                     optional=True,
                     tooltip="As UNETLoader's weight_dtype (quant_preset none): default keeps "

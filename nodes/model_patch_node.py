@@ -24,5 +24,5 @@ class FerryOffloadModelPatch(FerryOffloadNode):
         "Streams a model patch's blocks (Qwen-Image's or Z-Image's block-wise ControlNet) group "
         "by group while the model runs it, from pinned RAM, RAM or disk. Put it right after "
         "Load Model Patch.",
-        io.Custom("MODEL_PATCH"), "model patch",  # core's class for it is named per version
+        io.Custom("MODEL_PATCH"), MODEL_PATCH.what,  # core's class for it is named per version
     )  # fmt: skip

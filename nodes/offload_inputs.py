@@ -10,9 +10,13 @@ from dataclasses import dataclass
 
 from comfy_api.latest import io
 
-from ..offload_core import DiskTier
-from ..offload_core.policy import AUTO, BAKE_MODES, DEFAULT_HEADROOM_GB
-from .planning.config import CPU_READ_CHOICES, LEVELS, TIER_CHOICES, VERIFY_CHOICES
+from ..offload_core.control_defaults import control_defaults
+from ..offload_core.policy import BAKE_MODES, CPU_READS, VERIFY_MODES
+from .planning.config import LEVELS, TIER_CHOICES
+
+#: Every widget's default: the policy's (offload_core/control_defaults.py), with the
+#: planner's settings on "auto" (this host plans every network of the prompt).
+DEFAULTS = control_defaults(planned=True)
 
 
 def setting_inputs(bakes: bool = True) -> list[io.Input]:
@@ -34,7 +38,7 @@ def how_inputs() -> list[io.Input]:
         io.Combo.Input(
             "level",
             options=list(LEVELS),
-            default="block",
+            default=DEFAULTS["level"],
             tooltip="block: move whole transformer blocks (fast, the usual choice). "
             "leaf: move layer by layer (least VRAM, more transfers).",
         ),
@@ -42,7 +46,7 @@ def how_inputs() -> list[io.Input]:
         # saved number to a text input as its text: "2"; the one parser takes both).
         io.String.Input(
             "blocks_per_group",
-            default=AUTO,
+            default=DEFAULTS["blocks_per_group"],
             tooltip="Blocks moved together (block level): 'auto' lets Ferry size groups so "
             "each copy is worth its launch; or a whole number (more = fewer, larger copies "
             "and more VRAM; at most the model's block count).",
@@ -50,14 +54,14 @@ def how_inputs() -> list[io.Input]:
         io.Combo.Input(
             "tier",
             options=list(TIER_CHOICES),
-            default=AUTO,
+            default=DEFAULTS["tier"],
             tooltip="Where offloaded weights wait: auto = Ferry chooses for this machine and "
             "every network of the prompt together (the sidebar says why); pinned = page-locked "
             "RAM (fastest copies); ram = ordinary RAM; disk = files in disk_path (saves RAM).",
         ),
         io.String.Input(
             "disk_path",
-            default="",
+            default=DEFAULTS["disk_path"],
             tooltip="Folder for the disk tier, ideally on an SSD/NVMe. Empty: ComfyUI's "
             "temp folder. Ferry writes only its own ferry-* folder there.",
         ),
@@ -69,13 +73,13 @@ def memory_inputs() -> list[io.Input]:
     return [
         io.String.Input(
             "prefetch_depth",
-            default=AUTO,
+            default=DEFAULTS["prefetch_depth"],
             tooltip="Groups loaded ahead of the one computing: 'auto' goes as deep as hides "
             "the tier's speed; or 1..8 (each extra one costs one group of VRAM).",
         ),
         io.String.Input(
             "vram_budget",
-            default="auto",
+            default=DEFAULTS["vram_budget"],
             tooltip="VRAM Ferry may use for weights: 'auto' keeps as many groups "
             "resident as fit; a number of GiB (e.g. 6); empty (or 0) streams every group "
             "(least VRAM).",
@@ -88,25 +92,24 @@ def advanced_inputs(bakes: bool = True) -> list[io.Input]:
     optional input takes its default (the same default execute() has). ``bake_lora`` is the
     last one, so a node without it loads a workflow that saved its value: the frontend sets
     widgets by position and drops the extra value; the server drops an input not declared."""
-    disk = DiskTier  # the tier's own defaults (policy_from_inputs takes the same)
     inputs: list[io.Input] = [
         io.Float.Input(
-            "headroom_gb", default=DEFAULT_HEADROOM_GB, min=0.0, max=1024.0, step=0.25,
+            "headroom_gb", default=DEFAULTS["headroom_gb"], min=0.0, max=1024.0, step=0.25,
             optional=True, tooltip="With vram_budget 'auto': VRAM left free for activations "
             "and the VAE, in GiB (the name's 'gb', as every memory amount in Ferry).",
         ),
         io.Boolean.Input(
-            "direct_io", default=disk.direct_io, optional=True,
+            "direct_io", default=DEFAULTS["direct_io"], optional=True,
             tooltip="Disk tier: read with O_DIRECT (no page-cache copy). Off: buffered reads, "
             "faster only when the group files fit in RAM anyway.",
         ),
         io.Combo.Input(
-            "verify", options=list(VERIFY_CHOICES), default=disk.verify, optional=True,
+            "verify", options=list(VERIFY_MODES), default=DEFAULTS["verify"], optional=True,
             tooltip="Disk tier: check the files' checksums on each group's first read, or on "
             "every read (catches a disk that corrupts data later, costs CPU).",
         ),
         io.Combo.Input(
-            "cpu_read", options=list(CPU_READ_CHOICES), default=disk.cpu_read, optional=True,
+            "cpu_read", options=list(CPU_READS), default=DEFAULTS["cpu_read"], optional=True,
             tooltip="Disk tier on a CPU: auto copies each group into a buffer (faster) unless "
             "the buffers would take over a quarter of the free RAM, then maps; mapped computes "
             "straight from the page cache (least RAM); copy always copies. A GPU always copies.",
@@ -117,7 +120,7 @@ def advanced_inputs(bakes: bool = True) -> list[io.Input]:
     return [
         *inputs,
         io.Combo.Input(
-            "bake_lora", options=list(BAKE_MODES), default="off", optional=True,
+            "bake_lora", options=list(BAKE_MODES), default=DEFAULTS["bake_lora"], optional=True,
             tooltip="LoRA on GGUF weights: on computes each patched weight once when Ferry lays "
             "the model out (the same result, no LoRA cost per step, but the weight moves "
             "dequantized: 2-4x the bytes); auto measures both once and chooses; off applies the "

@@ -125,7 +125,7 @@ class FerryOffloadModel(FerryOffloadNode):
         "Streams the model's blocks to the GPU group by group while it runs, from pinned "
         "RAM, RAM or disk, so models bigger than your VRAM (or RAM) run at close to full "
         "speed. Put it right after the model loader; LoRA and other nodes can follow it.",
-        io.Model, "model",
+        io.Model, DIFFUSION_MODEL.kind.label,
         "The diffusion model to offload. From UNETLoader the whole model is in RAM first (the "
         "peak happens at the loader); from Ferry Load Diffusion Model (quant_preset none) it "
         "streams from its file: models bigger than RAM.",

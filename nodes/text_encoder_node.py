@@ -29,7 +29,7 @@ class FerryOffloadTextEncoder(FerryOffloadNode):
         "Streams the text encoder's layers group by group while it encodes, from pinned RAM, "
         "RAM or disk, as Ferry Offload Model does for the diffusion model. Put it right after "
         "the CLIP loader; every encoder of a dual/triple CLIP is offloaded.",
-        io.Clip, "text encoder", "The text encoder (CLIP) to offload.",
+        io.Clip, TEXT_ENCODER.what, "The text encoder (CLIP) to offload.",
     )  # fmt: skip
 
     @classmethod

@@ -59,6 +59,13 @@ class RamTier:
         pass
 
 
+#: The disk tier's options, each a choice list every host shows (ComfyUI's widgets, the panel).
+VerifyMode = Literal["first_read", "every_read"]
+CpuRead = Literal["auto", "mapped", "copy"]
+VERIFY_MODES: tuple[VerifyMode, ...] = get_args(VerifyMode)
+CPU_READS: tuple[CpuRead, ...] = get_args(CpuRead)
+
+
 @dataclass(frozen=True)
 class DiskTier:
     """Offloaded weights wait on disk/NVMe under ``path`` (a folder Ferry owns).
@@ -76,13 +83,13 @@ class DiskTier:
     direct_io: bool = True
     #: When the chunks' CRC32s are checked: "first_read" (each group once per process; every
     #: read still checks the file's identity, which any write changes) or "every_read".
-    verify: Literal["first_read", "every_read"] = "first_read"
+    verify: VerifyMode = "first_read"
     #: On a CPU onload device: "mapped" computes straight from the group file's page cache
     #: (no slot, no copy; only the groups in the prefetch window are mapped), "copy" reads
     #: each group into a slot (faster where measured, but the slots are anonymous RAM),
     #: "auto" copies unless the slots would take much of the free RAM
     #: (disk/mapped.py: choose_cpu_read). On a GPU the groups are always copied.
-    cpu_read: Literal["auto", "mapped", "copy"] = "auto"
+    cpu_read: CpuRead = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.path, str):  # the folder as typed, without the spaces around it
@@ -101,13 +108,11 @@ class DiskTier:
             )
         if not isinstance(self.direct_io, bool):
             raise ConfigError("direct_io", f"must be true or false, got {self.direct_io!r}")
-        if self.verify not in ("first_read", "every_read"):
+        if self.verify not in VERIFY_MODES:
+            raise ConfigError("verify", f"must be one of {list(VERIFY_MODES)}, got {self.verify!r}")
+        if self.cpu_read not in CPU_READS:
             raise ConfigError(
-                "verify", f"must be 'first_read' or 'every_read', got {self.verify!r}"
-            )
-        if self.cpu_read not in ("auto", "mapped", "copy"):
-            raise ConfigError(
-                "cpu_read", f"must be 'auto', 'mapped' or 'copy', got {self.cpu_read!r}"
+                "cpu_read", f"must be one of {list(CPU_READS)}, got {self.cpu_read!r}"
             )
 
 

@@ -5,8 +5,9 @@ Forge's ``forge_objects.unet`` and ``.clip``). Somewhere on it is a patcher (the
 ModelPatcher), and on the patcher's ``model`` is the network Ferry lays out; what else the
 patcher's model holds lies *outside* the network and goes to the load device whole. A
 ``NetworkSite`` says all of that for one kind, so a host has one patcher mixin and one
-``ferry_clone(..., site)``, and adding a kind of network is one value here plus one node
-(or script part) per host. Attribute names are data: nothing here imports a host.
+``ferry_clone(..., site)``, and adding a kind of network is one row of the kind table
+(offload_core/offload_kind.py: its words, whether it is read every step), one site here and one
+node (or script part) per host. Attribute names are data: nothing here imports a host.
 """
 
 from __future__ import annotations
@@ -16,16 +17,14 @@ from typing import Any
 
 from torch import nn
 
-from ..offload_core import OffloadKind
-from ..offload_core.planner.facts import Kind
+from ..offload_core.offload_kind import OffloadKind
 
 
 @dataclass(frozen=True)
 class NetworkSite:
     """One kind of network on a host's object (see the module docstring)."""
 
-    kind: OffloadKind  # its line's title: ``kind.line_title(name)``
-    what: str  # the words an error names it by: "diffusion model"
+    kind: OffloadKind  # its row of the kind table: its line's title, its words, its reads
     #: The attribute of the host's object that holds its patcher ("": the object is one).
     patcher: str = ""
     #: The attribute of the patcher's ``model`` that holds the network ("": the model is it).
@@ -68,13 +67,18 @@ class NetworkSite:
         return self.kind.line_title(name)
 
     @property
-    def planner_kind(self) -> Kind:
-        """What the planner calls it (offload_core/planner/facts.py: its words in a plan)."""
-        return self.kind.value  # type: ignore[return-value]
+    def what(self) -> str:
+        """The words an error or a tooltip names it by: "diffusion model"."""
+        return self.kind.noun
+
+    @property
+    def planner_kind(self) -> OffloadKind:
+        """What the planner calls it: the same row (offload_core/planner/facts.py's Kind)."""
+        return self.kind
 
 
 DIFFUSION_MODEL = NetworkSite(
-    OffloadKind.MODEL, "diffusion model", network="diffusion_model",
+    OffloadKind.MODEL, network="diffusion_model",
     control="model", forge_control="enabled", bakes=True,
 )  # fmt: skip
 
@@ -83,7 +87,7 @@ DIFFUSION_MODEL = NetworkSite(
 #: (once per 75-token chunk). Not ``generate`` (v0.33's LLM encoders): it runs the decoder
 #: once per new token, many passes that one mark would fold into one.
 TEXT_ENCODER = NetworkSite(
-    OffloadKind.TEXT_ENCODER, "text encoder", patcher="patcher", mirror="cond_stage_model",
+    OffloadKind.TEXT_ENCODER, patcher="patcher", mirror="cond_stage_model",
     passes=("encode_token_weights", "encode_with_transformers"), control="clip",
     forge_control="text_encoder",
 )  # fmt: skip
@@ -91,7 +95,7 @@ TEXT_ENCODER = NetworkSite(
 #: ComfyUI's ControlNet (comfy/controlnet.py) wraps ``control_model`` in its own patcher,
 #: which every ``copy()`` shares; the sampler loads it beside the model (``get_models``).
 CONTROLNET = NetworkSite(
-    OffloadKind.CONTROLNET, "ControlNet", patcher="control_model_wrapped",
+    OffloadKind.CONTROLNET, patcher="control_model_wrapped",
     mirror="control_model", copy="copy", control="control_net",
 )  # fmt: skip
 
@@ -99,16 +103,17 @@ CONTROLNET = NetworkSite(
 #: model's patches call its network's own methods per block (``control_block``, ...), so no
 #: one call is a pass: its groups come in as each block runs.
 MODEL_PATCH = NetworkSite(
-    OffloadKind.MODEL_PATCH, "model patch", control="model_patch",
+    OffloadKind.MODEL_PATCH, control="model_patch",
 )  # fmt: skip
 
 #: ComfyUI's ClipVisionModel (comfy/clip_vision.py) holds ``model`` and its ``patcher``;
 #: ``encode_image`` loads the patcher and calls the model's forward (one pass).
 CLIP_VISION = NetworkSite(
-    OffloadKind.CLIP_VISION, "CLIP vision model", patcher="patcher", mirror="model", copy="",
+    OffloadKind.CLIP_VISION, patcher="patcher", mirror="model", copy="",
     control="clip_vision",
 )  # fmt: skip
 
+#: One site per kind Ferry offloads, in the table's order (tests/test_seam_site.py).
 SITES: tuple[NetworkSite, ...] = (
     DIFFUSION_MODEL,
     TEXT_ENCODER,

@@ -87,3 +87,17 @@ def test_a_baked_standin_weight_computes_as_its_per_forward_path() -> None:
     )  # type: ignore[arg-type, return-value]
     bake_patched([target], "on", lambda: 1.0, lambda tg, baked: kept.update(w=baked))
     assert per_forward is not None and torch.equal(kept["w"], per_forward)
+
+
+def test_a_baked_weight_is_counted_by_its_storage() -> None:
+    # One size rule (model/layout.py tensor_nbytes): a torchao weight by its inner tensors
+    # (int8 qdata + fp32 scales), never by its outer dtype's numel * element_size.
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    lin = nn.Linear(256, 256, bias=False)
+    quantize_(lin, Int8WeightOnlyConfig())
+    w = lin.weight.detach()
+    target = BakeTarget("k", nn.Linear(1, 1), "weight", 1000, lambda: w)
+    choice = bake_patched([target], "on", lambda: 1.0, lambda t, baked: None)
+    assert choice.baked_bytes < w.numel() * w.element_size()
+    assert choice.baked_bytes >= 256 * 256  # the int8 qdata

@@ -23,8 +23,9 @@ MAX_CLASS_METHODS = 15
 #: for a file -> why it reads best whole. Keep the list short and each reason a sentence.
 WHOLE: dict[str, str] = {
     "offload_core/policy.py": (
-        "what a user asks for, whole: the typed policy (with the planner's VRAM share) and the "
-        "one parser of each setting, which every host, the panel and the settings file share"
+        "what a user asks for, whole: the typed policy (with the planner's VRAM share), every "
+        "setting's type and its one parser, which every host, the panel and the settings file "
+        "share; the disk tier's choices as literals and planned_vram took it past 400"
     ),
     "nodes/ui/routes.py:register": (
         "the route table: one short handler per /ferry/ route, read as one list (it was split "

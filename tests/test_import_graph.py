@@ -15,6 +15,7 @@ ROOT = REPO / "offload_core"
 LAYERS: list[set[str]] = [
     {"errors", "units"},
     {"policy", "offload_kind", "ending"},
+    {"control_defaults"},
     {"formats"},
     {"model"},
     {"disk"},

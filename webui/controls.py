@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
+from ..offload_core.control_defaults import CONTROL_DEFAULTS
 from ..offload_core.disk.folder import check_disk_folder
 from ..offload_core.policy import LEVEL_NAMES, TIER_NAMES, parse_disk_path
 from ..seam.controls import ControlNames
@@ -38,10 +39,11 @@ CONTROLS = (
 LABELS = dict(CONTROLS)
 LEVELS = LEVEL_NAMES
 TIERS = TIER_NAMES
-DEFAULTS: dict[str, Any] = {
-    "enabled": False, "level": "block", "blocks_per_group": 1, "tier": "pinned", "disk_path": "",
-    "prefetch_depth": 1, "vram_budget": "auto", "use_saved": False, "text_encoder": False,
-}  # fmt: skip
+#: The accordion's own switches: off until ticked.
+SWITCHES = ("enabled", "use_saved", "text_encoder")
+#: Each control's default: the policy's (offload_core/control_defaults.py) for the
+#: settings (Forge has no "auto" for the planner's settings yet), off for the switches.
+DEFAULTS: dict[str, Any] = {c: False if c in SWITCHES else CONTROL_DEFAULTS[c] for c, _ in CONTROLS}
 
 #: Which control fixes each setting: the shared ids (seam/controls.py); a setting this
 #: accordion does not show (headroom, direct_io, ...) is said whole, under Use saved settings.

@@ -25,6 +25,7 @@ from torch import nn
 from ..offload_core import ConfigError, DiskTier, OffloadPolicy
 from ..offload_core.formats.safetensors import read_checkpoint_header
 from ..offload_core.model.layout import module_nbytes
+from ..offload_core.offload_kind import OffloadKind
 from ..offload_core.planner import GraphPlan, MachineFacts, NetworkFacts, Wish, plan_graph
 from ..offload_core.planner.machine import read_machine
 from ..offload_core.planner.network_module import network_from_module
@@ -46,8 +47,10 @@ TEXT_ENCODER_OFF = f"The text encoder is Forge's own: tick *{LABELS['text_encode
 UNET_READS = 40.0
 
 
-def loaded_networks(sd_model: Any, text_encoder: bool) -> list[tuple[str, nn.Module]] | None:
-    """(line title, module) of the networks the accordion offloads in ``sd_model``: the UNet,
+def loaded_networks(
+    sd_model: Any, text_encoder: bool
+) -> list[tuple[OffloadKind, nn.Module]] | None:
+    """(kind, module) of the networks the accordion offloads in ``sd_model``: the UNet,
     then the text encoder where ``text_encoder``; None where no checkpoint is loaded (None,
     or Forge's stand-in model before the first load, which has no ``forge_objects``)."""
     objects = getattr(sd_model, "forge_objects", None)
@@ -55,10 +58,10 @@ def loaded_networks(sd_model: Any, text_encoder: bool) -> list[tuple[str, nn.Mod
     diffusion = getattr(unet, "diffusion_model", None)
     if diffusion is None:
         return None
-    out: list[tuple[str, nn.Module]] = [("UNet", diffusion)]
+    out: list[tuple[OffloadKind, nn.Module]] = [(OffloadKind.MODEL, diffusion)]
     clip = getattr(objects, "clip", None)
     if text_encoder and clip is not None:
-        out.append(("Text encoder", clip.cond_stage_model))
+        out.append((OffloadKind.TEXT_ENCODER, clip.cond_stage_model))
     return out
 
 
@@ -81,18 +84,23 @@ def _in_place(module: nn.Module, filename: str | None) -> bool:
     )
 
 
-def _facts(sd_model: Any, nets: list[tuple[str, nn.Module]]) -> list[NetworkFacts]:
+def title_of(kind: OffloadKind) -> str:
+    """A plan line's title in Forge's words: its UNet, else the kind's label ("Text encoder")."""
+    return "UNet" if kind is OffloadKind.MODEL else kind.label[:1].upper() + kind.label[1:]
+
+
+def _facts(sd_model: Any, nets: list[tuple[OffloadKind, nn.Module]]) -> list[NetworkFacts]:
     info = getattr(sd_model, "sd_checkpoint_info", None)
     out = []
-    for title, module in nets:
-        if title == "UNet":
+    for kind, module in nets:
+        if kind is OffloadKind.MODEL:
             name = getattr(info, "model_name", None) or "unet"
-            facts = network_from_module(module, name, "model", reads_per_prompt=UNET_READS)
+            facts = network_from_module(module, name, kind, reads_per_prompt=UNET_READS)
             facts = replace(facts, in_place=_in_place(module, getattr(info, "filename", None)))
         else:  # named by its encoders, as its offload's line is (webui/script.py)
-            name = " + ".join(n for n, _ in module.named_children()) or "text encoder"
+            name = " + ".join(n for n, _ in module.named_children()) or kind.noun
             # Counted as written: Forge renames and copies its tensors (README, its RAM).
-            facts = network_from_module(module, name, "text_encoder")
+            facts = network_from_module(module, name, kind)
         out.append(facts)
     return out
 
@@ -109,7 +117,10 @@ def _folder(c: dict[str, Any], policy: OffloadPolicy | None, default: str) -> st
 
 
 def _machine(
-    sd_model: Any, nets: list[tuple[str, nn.Module]], policy: OffloadPolicy | None, folder: str
+    sd_model: Any,
+    nets: list[tuple[OffloadKind, nn.Module]],
+    policy: OffloadPolicy | None,
+    folder: str,
 ) -> MachineFacts:
     """This machine now, as the accordion's settings would meet it: the UNet's load device's
     free VRAM (its own bytes and the text encoder's already there count as free: loading
@@ -179,8 +190,8 @@ def plan_text(
     process = max(0, process_memory().rss - sum(f.held_bytes for f in facts))
     auto = plan_graph(machine, facts, process_ram=process)
     lines = ["### What Ferry would choose (nothing was loaded or moved to plan it)", ""]
-    for i, (title, _) in enumerate(nets):
-        lines += _choice_lines(title, auto, i)
+    for i, (kind, _) in enumerate(nets):
+        lines += _choice_lines(title_of(kind), auto, i)
     if c.get("text_encoder") is not True:
         lines += [TEXT_ENCODER_OFF, ""]
     lines += [f"Predicted: {auto.verdict()}.", "", "### The accordion's settings", ""]

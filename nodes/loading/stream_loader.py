@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ...offload_core import ConfigError
 from ...offload_core.formats.safetensors import Header, read_checkpoint_header
+from ...offload_core.formats.weight_dtypes import WEIGHT_DTYPES
 from ...offload_core.quant.group_stream import QuantizedStream
 from ...offload_core.sources.checkpoint import CheckpointIndex
 from ...offload_core.sources.checkpoint_stream import CheckpointWeights, Converter
@@ -45,11 +46,6 @@ from .core_quant_stream import lazy_core_quant_model
 
 log = logging.getLogger("ferry")
 WIDGET = "unet_name"
-WEIGHT_DTYPES = {
-    "default": None,
-    "fp8_e4m3fn": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-}
 DM = comfy_core.DM
 # Keys of ComfyUI's own quantized formats (comfy.utils.convert_old_quants, detect_layer_quantization).
 _CORE_QUANT_KEYS = (
@@ -94,15 +90,6 @@ class LazyCheckpoint:
             self.path, dm, prefix=self.prefix, setting=WIDGET, convert=convert, changed=changed
         )
 
-    def open_stream(
-        self,
-        dm: nn.Module,
-        convert: Converter | None = None,
-        changed: Callable[[str], bool] | None = None,
-    ) -> CheckpointWeights:
-        """The file as the source of a Ferry layout (nothing to read first)."""
-        return self.weights(dm, convert, changed)
-
     def materialize(self, dm: nn.Module, device: torch.device) -> None:
         self.weights(dm).materialize(dm, device)
 
@@ -117,13 +104,6 @@ class Lazy(Protocol):
     def network(self, base: Any) -> nn.Module: ...
 
     def weights(
-        self,
-        net: nn.Module,
-        convert: Converter | None = None,
-        changed: Callable[[str], bool] | None = None,
-    ) -> CheckpointWeights: ...
-
-    def open_stream(
         self,
         net: nn.Module,
         convert: Converter | None = None,
@@ -311,7 +291,7 @@ def stream_weights(patcher: Any, device_to: torch.device) -> CheckpointWeights |
         out = comfy.float.stochastic_rounding(out, weight.dtype, seed=seed)
         return out.to("cpu")
 
-    return lazy.open_stream(lazy.network(base), convert, lambda name: pre + name in patches)
+    return lazy.weights(lazy.network(base), convert, lambda name: pre + name in patches)
 
 
 def _needs_other_tensors(base: Any, key: str) -> bool:
@@ -349,7 +329,7 @@ def core_patched(patcher: Any, key: str, weight: torch.Tensor, device_to: torch.
 
 def unstreamed_patches(patcher: Any, weights: CheckpointWeights) -> list[str]:
     """The patcher's patch keys whose tensors ``weights`` (the streamed file) does not hold:
-    a lazy text encoder's other files, read whole into the module by ``open_stream``."""
+    a lazy text encoder's other files, read whole into the module by ``weights``."""
     pre = patcher.model.ferry_checkpoint.patch_prefix
     return [k for k in patcher.patches if k[len(pre) :] not in weights.keys]
 

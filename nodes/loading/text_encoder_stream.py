@@ -100,15 +100,6 @@ class LazyTextEncoder:
             return self.files[0].weights(convert, changed)
         return CheckpointSet([f.weights() for f in self.files], convert, changed)
 
-    def open_stream(
-        self,
-        net: nn.Module,
-        convert: Converter | None = None,
-        changed: Callable[[str], bool] | None = None,
-    ) -> CheckpointWeights:
-        """The files as the source of a Ferry layout (nothing to read first)."""
-        return self.weights(net, convert, changed)
-
     def materialize(self, net: nn.Module, device: torch.device) -> None:
         for f in self.files:
             _read_whole(f, net, device)

@@ -96,16 +96,17 @@ def _target(
         w = module.get_weight(weight.to(device), dtype)
         return comfy_ops.cast_to(w, dtype, device, non_blocking=False, copy=False)  # type: ignore[no-any-return]
 
-    stored = _nbytes(weight) + _nbytes(patches)
+    stored = _bytes_held(weight) + _bytes_held(patches)
     return BakeTarget(key, module, name, stored, compute)
 
 
-def _nbytes(value: Any) -> int:
-    """Bytes of every tensor in ``value`` (a tensor, or patches: nested tuples and lists);
-    a GGUF tensor by its storage (its ``.shape`` is the dequantized one)."""
+def _bytes_held(value: Any) -> int:
+    """Bytes of every tensor in ``value`` (a tensor, or patches: nested tuples and lists),
+    each by the one size rule (``tensor_nbytes``: a GGUF tensor by its storage, its
+    ``.shape`` being the dequantized one; a torchao tensor by its inner tensors)."""
     if isinstance(value, torch.Tensor):
         return tensor_nbytes(value)
     if isinstance(value, (tuple, list)):
-        return sum(_nbytes(v) for v in value)
+        return sum(_bytes_held(v) for v in value)
     inner = getattr(value, "weights", None)  # a weight adapter (LoRAAdapter: its tensors)
-    return _nbytes(inner) if inner is not None else 0
+    return _bytes_held(inner) if inner is not None else 0

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ...offload_core import ConfigError, DiskTier, OffloadPolicy
+from ...offload_core.control_defaults import CONTROL_DEFAULTS, PLANNED_SETTINGS
 from ...offload_core.disk import folder as disk_folder
 from ...offload_core.planner import Choice, Wish, with_choice
 from ...offload_core.policy import (
     AUTO,
-    DEFAULT_HEADROOM_GB,
     LEVEL_NAMES,
     TIER_NAMES,
     BakeMode,
@@ -45,10 +45,8 @@ LEVELS = LEVEL_NAMES
 TIERS = TIER_NAMES
 #: The tier widget's choices: "auto" (the planner's, the default) first, then the tiers.
 TIER_CHOICES = (AUTO, *TIER_NAMES)
-VERIFY_CHOICES = ("first_read", "every_read")
-CPU_READ_CHOICES = ("auto", "mapped", "copy")
-# The optional widgets' defaults are the DiskTier's own (offload_inputs.py and
-# policy_from_inputs read them there), so a default is written once.
+# The optional widgets' defaults are the policy's (offload_core/control_defaults.py:
+# offload_inputs.py and NodeSettings read them there), so a default is written once.
 
 
 def policy_from_inputs(*, default_disk_path: str | None = None, **widgets: Any) -> OffloadPolicy:
@@ -68,14 +66,14 @@ class NodeSettings:
     as typed (empty: the host's default folder): it is read only where the tier is disk."""
 
     wish: Wish
-    level: LevelName = "block"
-    disk_path: str = ""
-    vram_budget: int | Literal["auto"] | None = AUTO
-    headroom_bytes: int = parse_headroom(DEFAULT_HEADROOM_GB)
-    direct_io: Any = DiskTier.direct_io
-    verify: Any = DiskTier.verify
-    cpu_read: Any = DiskTier.cpu_read
-    bake_lora: BakeMode = "off"
+    level: LevelName = CONTROL_DEFAULTS["level"]
+    disk_path: str = CONTROL_DEFAULTS["disk_path"]
+    vram_budget: int | Literal["auto"] | None = CONTROL_DEFAULTS["vram_budget"]
+    headroom_bytes: int = parse_headroom(CONTROL_DEFAULTS["headroom_gb"])
+    direct_io: Any = CONTROL_DEFAULTS["direct_io"]
+    verify: Any = CONTROL_DEFAULTS["verify"]
+    cpu_read: Any = CONTROL_DEFAULTS["cpu_read"]
+    bake_lora: BakeMode = CONTROL_DEFAULTS["bake_lora"]
 
     @classmethod
     def parse(cls, widgets: Mapping[str, Any]) -> NodeSettings:
@@ -88,7 +86,7 @@ class NodeSettings:
 
     @classmethod
     def _parse(cls, w: Mapping[str, Any]) -> NodeSettings:
-        level = w.get("level", "block")
+        level = w.get("level", cls.level)
         if level not in LEVEL_NAMES:
             raise ConfigError("level", f"must be 'block' or 'leaf', got {level!r}")
         tier = w.get("tier", AUTO)
@@ -109,16 +107,16 @@ class NodeSettings:
             wish=wish,
             level=level,
             disk_path=typed if isinstance(typed, str) else "",
-            vram_budget=parse_vram_budget(w.get("vram_budget", AUTO)),
-            headroom_bytes=parse_headroom(w.get("headroom_gb", DEFAULT_HEADROOM_GB)),
-            **{k: getattr(DiskTier, k) if v is None else v for k, v in disk.items()},
-            bake_lora=parse_bake_lora(w.get("bake_lora") or "off"),
+            vram_budget=parse_vram_budget(w.get("vram_budget", cls.vram_budget)),
+            headroom_bytes=parse_headroom(w.get("headroom_gb", CONTROL_DEFAULTS["headroom_gb"])),
+            **{k: CONTROL_DEFAULTS[k] if v is None else v for k, v in disk.items()},
+            bake_lora=parse_bake_lora(w.get("bake_lora") or cls.bake_lora),
         )
 
     @property
     def auto(self) -> bool:
         """Whether any setting is left to the planner."""
-        return None in (self.wish.tier, self.wish.blocks_per_group, self.wish.prefetch_depth)
+        return any(getattr(self.wish, k) is None for k in PLANNED_SETTINGS)
 
     def disk_folder(self, default: str) -> str:
         """The disk folder the planner counts for this node: its disk_path where that is a

@@ -22,6 +22,7 @@ import comfy.utils
 import folder_paths
 import torch
 
+from ...offload_core.offload_kind import OffloadKind
 from ...offload_core.planner import Choice, GraphPlan, MachineFacts, disk_speed, plan_graph
 from ...offload_core.planner.facts import Kind, Wish
 from ...offload_core.planner.machine import read_machine
@@ -57,19 +58,17 @@ def _cast(kind: Kind) -> Callable[[torch.dtype, int], torch.dtype | None]:
     device = mm.get_torch_device()
 
     def rule(stored: torch.dtype, params: int) -> torch.dtype | None:
-        if kind == "model":
+        if kind == OffloadKind.MODEL:
             return mm.unet_dtype(device, model_params=params, weight_dtype=stored)  # type: ignore[no-any-return]
-        if kind == "controlnet":  # comfy/controlnet.py controlnet_config: no params given
+        if kind == OffloadKind.CONTROLNET:  # comfy/controlnet.py controlnet_config: no params
             return mm.unet_dtype(device, model_params=-1, weight_dtype=stored)  # type: ignore[no-any-return]
-        if kind == "model_patch":  # ModelPatchLoader keeps the file's own dtype
-            return None
-        if kind == "vae":
+        if kind == OffloadKind.VAE:
             return mm.vae_dtype(device)  # type: ignore[no-any-return]
-        if kind == "clip_vision":  # comfy/clip_vision.py, whatever the file holds
+        if kind == OffloadKind.CLIP_VISION:  # comfy/clip_vision.py, whatever the file holds
             return mm.text_encoder_dtype(device)  # type: ignore[no-any-return]
-        if stored.itemsize == 1:  # fp8 text encoders keep their storage (cast per use)
-            return None
-        return mm.text_encoder_dtype(device)  # type: ignore[no-any-return]
+        if kind == OffloadKind.TEXT_ENCODER and stored.itemsize > 1:  # fp8 keeps its storage
+            return mm.text_encoder_dtype(device)  # type: ignore[no-any-return]
+        return None  # as stored: ModelPatchLoader's rule, and a kind core has no rule for
 
     return rule
 

@@ -16,9 +16,12 @@ from typing import Any
 import torch
 
 from ...offload_core.errors import ConfigError
+from ...offload_core.formats.weight_dtypes import WEIGHT_DTYPES
+from ...offload_core.offload_kind import OffloadKind
 from ...offload_core.planner.facts import Kind, NetworkFacts, Wish
 from ...offload_core.planner.network_file import network_from_file
 from ...offload_core.planner.stored_sizes import CORE_FORMATS
+from ...seam import site
 
 
 @dataclass(frozen=True)
@@ -36,51 +39,49 @@ def _one(kind: Kind, folder: str, *files: str) -> tuple[Loader, ...]:
 
 
 #: Checkpoint loaders: the diffusion model, the text encoders and the VAE in one file.
+MODEL, TEXT_ENCODER, VAE = OffloadKind.MODEL, OffloadKind.TEXT_ENCODER, OffloadKind.VAE
 _CHECKPOINT = (
-    Loader("model", "checkpoints", ("ckpt_name",), ("model.diffusion_model.",)),
-    Loader("text_encoder", "checkpoints", ("ckpt_name",),
+    Loader(MODEL, "checkpoints", ("ckpt_name",), ("model.diffusion_model.",)),
+    Loader(TEXT_ENCODER, "checkpoints", ("ckpt_name",),
            ("conditioner.embedders.", "cond_stage_model.", "text_encoders.")),
-    Loader("vae", "checkpoints", ("ckpt_name",), ("first_stage_model.", "vae.")),
+    Loader(VAE, "checkpoints", ("ckpt_name",), ("first_stage_model.", "vae.")),
 )  # fmt: skip
 #: The loaders whose files the planner reads (core's, Ferry's, ComfyUI-GGUF's): the networks
 #: each one's outputs carry.
 LOADERS: Mapping[str, tuple[Loader, ...]] = {
-    "UNETLoader": _one("model", "diffusion_models", "unet_name"),
-    "FerryLoadDiffusionModelQuantized": _one("model", "diffusion_models", "unet_name"),
-    "UnetLoaderGGUF": _one("model", "unet", "unet_name"),
-    "UnetLoaderGGUFAdvanced": _one("model", "unet", "unet_name"),
+    "UNETLoader": _one(MODEL, "diffusion_models", "unet_name"),
+    "FerryLoadDiffusionModelQuantized": _one(MODEL, "diffusion_models", "unet_name"),
+    "UnetLoaderGGUF": _one(MODEL, "unet", "unet_name"),
+    "UnetLoaderGGUFAdvanced": _one(MODEL, "unet", "unet_name"),
     "CheckpointLoaderSimple": _CHECKPOINT,
-    "CLIPLoader": _one("text_encoder", "text_encoders", "clip_name"),
-    "FerryLoadTextEncoder": _one("text_encoder", "text_encoders", "clip_name"),
-    "DualCLIPLoader": _one("text_encoder", "text_encoders", "clip_name1", "clip_name2"),
-    "FerryLoadTextEncoderDual": _one("text_encoder", "text_encoders", "clip_name1", "clip_name2"),
+    "CLIPLoader": _one(TEXT_ENCODER, "text_encoders", "clip_name"),
+    "FerryLoadTextEncoder": _one(TEXT_ENCODER, "text_encoders", "clip_name"),
+    "DualCLIPLoader": _one(TEXT_ENCODER, "text_encoders", "clip_name1", "clip_name2"),
+    "FerryLoadTextEncoderDual": _one(TEXT_ENCODER, "text_encoders", "clip_name1", "clip_name2"),
     "TripleCLIPLoader": _one(
-        "text_encoder", "text_encoders", "clip_name1", "clip_name2", "clip_name3"
+        TEXT_ENCODER, "text_encoders", "clip_name1", "clip_name2", "clip_name3"
     ),
-    "CLIPLoaderGGUF": _one("text_encoder", "clip", "clip_name"),
-    "DualCLIPLoaderGGUF": _one("text_encoder", "clip", "clip_name1", "clip_name2"),
+    "CLIPLoaderGGUF": _one(TEXT_ENCODER, "clip", "clip_name"),
+    "DualCLIPLoaderGGUF": _one(TEXT_ENCODER, "clip", "clip_name1", "clip_name2"),
     # Listed for its RAM: the plan's peak counts it (no Ferry node offloads a VAE).
-    "VAELoader": _one("vae", "vae", "vae_name"),
-    "ControlNetLoader": _one("controlnet", "controlnet", "control_net_name"),
-    "DiffControlNetLoader": _one("controlnet", "controlnet", "control_net_name"),
-    "ModelPatchLoader": _one("model_patch", "model_patches", "name"),
-    "CLIPVisionLoader": _one("clip_vision", "clip_vision", "clip_name"),
+    "VAELoader": _one(VAE, "vae", "vae_name"),
+    "ControlNetLoader": _one(OffloadKind.CONTROLNET, "controlnet", "control_net_name"),
+    "DiffControlNetLoader": _one(OffloadKind.CONTROLNET, "controlnet", "control_net_name"),
+    "ModelPatchLoader": _one(OffloadKind.MODEL_PATCH, "model_patches", "name"),
+    "CLIPVisionLoader": _one(OffloadKind.CLIP_VISION, "clip_vision", "clip_name"),
 }
-#: Ferry's offload nodes: the input its network comes in on, and what that network is.
+#: Ferry's offload nodes (their ids, stable forever) and their sites: the input a node's
+#: network comes in on (the site's control) and what that network is (the site's kind).
+_FERRY_SITES: Mapping[str, site.NetworkSite] = {
+    "FerryOffloadModel": site.DIFFUSION_MODEL,
+    "FerryOffloadTextEncoder": site.TEXT_ENCODER,
+    "FerryOffloadControlNet": site.CONTROLNET,
+    "FerryOffloadModelPatch": site.MODEL_PATCH,
+    "FerryOffloadClipVision": site.CLIP_VISION,
+}
 FERRY_NODES: Mapping[str, tuple[str, Kind]] = {
-    "FerryOffloadModel": ("model", "model"),
-    "FerryOffloadTextEncoder": ("clip", "text_encoder"),
-    "FerryOffloadControlNet": ("control_net", "controlnet"),
-    "FerryOffloadModelPatch": ("model_patch", "model_patch"),
-    "FerryOffloadClipVision": ("clip_vision", "clip_vision"),
+    node: (s.control, s.kind) for node, s in _FERRY_SITES.items()
 }
-#: The kinds the sampler runs at every step beside the diffusion model (a ControlNet's
-#: blocks, a model patch's): read as often as the model; the rest once a prompt.
-PER_STEP: tuple[Kind, ...] = ("model", "controlnet", "model_patch")
-#: The order a plan lists networks in: the ones every step reads first.
-KIND_ORDER: tuple[Kind, ...] = (
-    "model", "controlnet", "model_patch", "text_encoder", "clip_vision", "vae",
-)  # fmt: skip
 #: Samplers whose steps say how often a prompt reads the diffusion model.
 SAMPLERS = ("KSampler", "KSamplerAdvanced")
 DEFAULT_STEPS = 20
@@ -148,14 +149,6 @@ def reads_per_prompt(prompt: dict[str, Any]) -> float:
     return max(reads, default=float(DEFAULT_STEPS * 2))
 
 
-#: A loader's ``weight_dtype`` widget (UNETLoader's, Ferry's loader's): the dtype it loads in.
-WEIGHT_DTYPES = {
-    "fp8_e4m3fn": torch.float8_e4m3fn,
-    "fp8_e4m3fn_fast": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-}
-
-
 def _part(
     path: str, spec: Loader, name: str, rule: Any, widget: str, how: tuple[Any, Any]
 ) -> NetworkFacts | None:
@@ -181,6 +174,7 @@ def _facts(
 ) -> NetworkFacts | None:
     """The network ``spec`` reads from the loader node's files (None: none of its tensors
     are there, e.g. a checkpoint without a VAE)."""
+    # A loader's weight_dtype widget (UNETLoader's, Ferry's loader's), where it names one.
     rule = WEIGHT_DTYPES.get(node.get("inputs", {}).get("weight_dtype")) or cast(spec.kind)
     # Ferry's quantizing loader: its preset's Linears count at the preset's bytes.
     preset = node.get("inputs", {}).get("quant_preset")
@@ -243,8 +237,8 @@ def prompt_networks(
                 continue
             ferry_id = ferry_of.get((loader_id, spec.kind))
             wish = wish_of(prompt[ferry_id].get("inputs", {})) if ferry_id else Wish()
-            reads = steps if facts.kind in PER_STEP else 1.0
+            reads = steps if facts.kind.per_step else 1.0
             facts = replace(facts, wish=wish, ferry=ferry_id is not None, reads_per_prompt=reads)
             files = tuple((facts.file or "").split(" + "))
             out.append(PromptNetwork(loader_id, ferry_id, files, facts))
-    return sorted(out, key=lambda n: (KIND_ORDER.index(n.facts.kind), n.loader_id))
+    return sorted(out, key=lambda n: (n.facts.kind.plan_order, n.loader_id))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...offload_core.offload_kind import OffloadKind
+from ...offload_core.offload_kind import OffloadKind, network_kind
 from ...offload_core.runtime.memory import DeviceMemory, ProcessMemory
 from ...offload_core.units import fmt_bytes
 from . import prompt_reads
@@ -34,7 +34,8 @@ def offload_lines(stats: dict[str, Any]) -> list[str]:
     tiers = ", ".join(
         f"{k} {fmt_bytes(v)}" for k, v in (stats.get("bytes_per_tier") or {}).items() if v
     )
-    title = OffloadKind(stats.get("kind", OffloadKind.MODEL)).line_title(str(stats.get("name")))
+    kind = network_kind(stats.get("kind", OffloadKind.MODEL))
+    title = kind.line_title(str(stats.get("name")))
     out = [
         f"{title}: {stats.get('level')} level, tier {stats.get('tier')}, "
         f"{stats.get('groups')} groups ({stats.get('resident_groups')} resident), "

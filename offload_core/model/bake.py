@@ -29,6 +29,7 @@ from torch import nn
 
 from ..policy import BakeMode
 from ..units import GB, fmt_bytes
+from .layout import tensor_nbytes
 
 #: How many targets "auto" times (the largest first: the fewest timer calls per byte).
 SAMPLE = 6
@@ -105,7 +106,7 @@ def bake_patched(
             spent += time.perf_counter() - t0
             done[i] = w
             sampled += targets[i].stored_nbytes
-            sampled_out += _nbytes(w)
+            sampled_out += tensor_nbytes(w)
         patch_s = spent * stored / max(1, sampled)
         baked_est = sampled_out * stored // max(1, sampled)
         gbps = copy_gbps()
@@ -115,13 +116,9 @@ def bake_patched(
     baked = 0
     for i, t in enumerate(targets):
         w = done.pop(i) if i in done else t.compute()
-        baked += _nbytes(w)
+        baked += tensor_nbytes(w)
         keep(t, w)
     return BakeChoice(True, mode, len(targets), stored, baked, patch_s, gbps)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 def _settle(t: torch.Tensor) -> None:

@@ -46,7 +46,7 @@ class Choice:
     def as_dict(self) -> dict[str, Any]:
         n = self.network
         return {
-            "name": n.name, "kind": n.kind, "title": n.title, "file": n.file,
+            "name": n.name, "kind": n.kind.value, "title": n.title, "file": n.file,
             "bytes": n.nbytes, "tier": self.tier, "blocks_per_group": self.blocks_per_group,
             "prefetch_depth": self.prefetch_depth, "group_bytes": self.sizing.group_bytes,
             "vram_resident": self.vram_resident, "ram_bytes": self.ram_bytes,

@@ -5,9 +5,9 @@ file network_file.py's, so the decisions (choose.py) are tested on fake machines
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ..errors import ConfigError
+from ..offload_kind import OffloadKind, network_kind
 from ..policy import TIER_NAMES, TierName
 from ..units import GIB
 
@@ -30,13 +30,9 @@ ASSUMED_CPU_COMPUTE_GBPS = 0.5
 #: the text encoder's activations) and the page cache the loaders read through.
 DEFAULT_RAM_HEADROOM = 2 * GIB
 
-#: What a network is (offload_kind.py's values); a VAE is listed (and its RAM counted) but
-#: never offloaded by Ferry.
-Kind = Literal["model", "text_encoder", "controlnet", "model_patch", "clip_vision", "vae"]
-_KIND_WORDS = {
-    "model": "model", "text_encoder": "text encoder", "controlnet": "ControlNet",
-    "model_patch": "model patch", "clip_vision": "CLIP vision", "vae": "VAE",
-}  # fmt: skip
+#: What a network is: a row of offload_kind.py's table (a VAE is listed, and its RAM counted,
+#: but never offloaded by Ferry).
+Kind = OffloadKind
 
 
 @dataclass(frozen=True)
@@ -88,6 +84,10 @@ class NetworkFacts:
     #: computes (a quantized format's: stored_sizes.py); memory of the onload device.
     transient_bytes: int = 0
 
+    def __post_init__(self) -> None:
+        # A kind's value ("text_encoder") is taken for its row, so every reader gets the row.
+        object.__setattr__(self, "kind", network_kind(self.kind))
+
     @property
     def outside_bytes(self) -> int:
         """Its weights outside the repeated blocks: they never stream (the onload device
@@ -96,7 +96,7 @@ class NetworkFacts:
 
     @property
     def title(self) -> str:
-        return f"{_KIND_WORDS[self.kind]} {self.name}"
+        return f"{self.kind.label} {self.name}"
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,6 @@ from ..policy import TierName
 from ..units import GB
 from .facts import MachineFacts, NetworkFacts
 
-#: The kinds a sampler reads at every step (the rest once a prompt).
-PER_STEP = ("model", "controlnet", "model_patch")
-
 
 @dataclass(frozen=True)
 class Timing:
@@ -71,7 +68,7 @@ def per_step(nets: list[NetworkFacts], timings: list[Timing], steps: int) -> flo
     """Seconds a sampling step takes: the per-step networks' reads in a step (a step with
     cfg reads the model twice: ``reads_per_prompt / steps``)."""
     return sum(
-        t.read_s * n.reads_per_prompt / steps for n, t in zip(nets, timings) if n.kind in PER_STEP
+        t.read_s * n.reads_per_prompt / steps for n, t in zip(nets, timings) if n.kind.per_step
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..model.demo import demo_on_meta
+from ..offload_kind import OffloadKind
 from ..planner import GraphPlan, plan_graph
 from ..planner.machine import read_machine
 from ..planner.network_module import network_from_module
@@ -31,7 +32,7 @@ def plan_test_model(
     dtype: torch.dtype = torch.float32,
 ) -> GraphPlan:
     """The plan of the demo model of ``size_gb`` (GiB, as the planner tab builds it)."""
-    net = network_from_module(demo_on_meta(size_gb, dtype), "test model", "model")
+    net = network_from_module(demo_on_meta(size_gb, dtype), "test model", OffloadKind.MODEL)
     machine = read_machine(
         vram_free=free_vram(onload_device),
         disk_folder=disk_path,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,13 +178,7 @@ class PanelContext:
             raise ConfigError(
                 "demo", "this panel has no demo model (it runs inside ComfyUI or a WebUI)"
             )
-        if self.is_busy():
-            raise ConfigError("run", "a job is running; run the demo when it has finished")
-        if not self.run_lock.acquire(blocking=False):
-            raise ConfigError(
-                "run", "busy: the planner or Apply is running; try again when it ends"
-            )
-        try:
+        with one_run(self, "run", "run the demo"):
             model, inputs = self.demo.model, self.demo.inputs
             n = 0
             t0 = time.perf_counter()
@@ -194,8 +189,6 @@ class PanelContext:
                     if progress is not None:
                         progress(min(1.0, (time.perf_counter() - t0) / max(seconds, 1e-9)))
             dt = time.perf_counter() - t0
-        finally:
-            self.run_lock.release()
         return f"ran {n} forward(s) in {dt:.2f} s ({dt / n:.3f} s each)"
 
     def reapply(self, policy: OffloadPolicy) -> list[str]:
@@ -205,13 +198,7 @@ class PanelContext:
         between runs. Returns one line per model.
         """
         policy.validate()
-        if self.is_busy():
-            raise ConfigError("apply", "a job is running; Apply again when it has finished")
-        if not self.run_lock.acquire(blocking=False):
-            raise ConfigError(
-                "apply", "busy: the planner or a demo run is running; try again when it ends"
-            )
-        try:
+        with one_run(self, "apply", "Apply again"):
             lines = []
             for h in live_offloads():
                 if self.reapply_hook is not None:
@@ -231,5 +218,20 @@ class PanelContext:
                     continue
                 lines.append(f"{name}: re-offloaded")
             return lines or ["no offloaded model is loaded; the settings apply at the next load"]
-        finally:
-            self.run_lock.release()
+
+
+@contextmanager
+def one_run(ctx: Any, setting: str, again: str) -> Iterator[None]:
+    """Holds the panel's one run (a demo run, the planner, Apply) while it runs; refused,
+    by ``setting``, while the host runs a job (``ctx.is_busy``) or another panel run holds
+    ``ctx.run_lock``. ``again``: what to do when it has finished ("Apply again")."""
+    if ctx.is_busy():
+        raise ConfigError(setting, f"a job is running; {again} when it has finished")
+    if not ctx.run_lock.acquire(blocking=False):
+        raise ConfigError(
+            setting, "busy: the planner, a demo run or Apply is running; try again when it ends"
+        )
+    try:
+        yield
+    finally:
+        ctx.run_lock.release()

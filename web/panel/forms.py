@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ...offload_core.policy import DiskTier, OffloadPolicy
+from ...offload_core.control_defaults import CONTROL_DEFAULTS as DEFAULTS
+from ...offload_core.policy import OffloadPolicy
 from ...offload_core.tools.settings_file import PanelSettings
-
-_DISK_DEFAULTS = DiskTier("")
 
 
 class Form(NamedTuple):
@@ -28,9 +27,9 @@ class Form(NamedTuple):
     vram_budget: str  # "" (stream everything), "auto", or GB
     headroom_gb: Any
     quant_preset: str
-    direct_io: bool = _DISK_DEFAULTS.direct_io
-    verify: str = _DISK_DEFAULTS.verify
-    cpu_read: str = _DISK_DEFAULTS.cpu_read
+    direct_io: bool = DEFAULTS["direct_io"]
+    verify: str = DEFAULTS["verify"]
+    cpu_read: str = DEFAULTS["cpu_read"]
 
 
 def settings_from_form(*values: Any) -> PanelSettings:
@@ -74,7 +73,7 @@ def form_from_settings(settings: PanelSettings, disk_path_fallback: str = "") ->
         vram_budget="" if budget is None else budget if budget == "auto" else str(_shown(budget)),
         headroom_gb=_shown(d["headroom_gb"]),
         quant_preset=settings.quant_preset,
-        direct_io=_DISK_DEFAULTS.direct_io if d["direct_io"] is None else d["direct_io"],
-        verify=d["verify"] or _DISK_DEFAULTS.verify,
-        cpu_read=d["cpu_read"] or _DISK_DEFAULTS.cpu_read,
+        direct_io=DEFAULTS["direct_io"] if d["direct_io"] is None else d["direct_io"],
+        verify=d["verify"] or DEFAULTS["verify"],
+        cpu_read=d["cpu_read"] or DEFAULTS["cpu_read"],
     )

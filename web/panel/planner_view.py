@@ -15,7 +15,7 @@ from ...offload_core.tools.autotune import Budget, TuneResult, autotune, demo_fa
 from ...offload_core.tools.machine_plan import plan_test_model
 from ...offload_core.tools.settings_file import PanelSettings
 from ...offload_core.units import GIB
-from .context import PanelContext
+from .context import PanelContext, one_run
 from .disk_check import check_disk_path
 from .forms import Form, form_from_settings
 
@@ -59,11 +59,7 @@ def run_planner(
                 "disk_path",
                 chk.message + " (or clear it to skip the disk tier)",
             )
-    if ctx.is_busy():
-        raise ConfigError("run", "a job is running; run the planner when it has finished")
-    if not ctx.run_lock.acquire(blocking=False):
-        raise ConfigError("run", "busy: a demo run or Apply is running; try again when it ends")
-    try:
+    with one_run(ctx, "run", "run the planner"):
         result = autotune(
             demo_factory(float(size_gb)),
             budget=budget,
@@ -74,8 +70,6 @@ def run_planner(
             if progress is not None
             else None,
         )
-    finally:
-        ctx.run_lock.release()
     table, points = result_frames(result)
     best = result.recommended
     # Beside what was measured: what Ferry's planner chooses for it without measuring (the

@@ -8,8 +8,8 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from ...offload_core.control_defaults import CONTROL_DEFAULTS as DEFAULTS
 from ...offload_core.errors import ConfigError, FerryError
-from ...offload_core.policy import DiskTier
 from ...offload_core.tools.settings_file import known_quant_presets
 from ...offload_core.units import GIB, fmt_bytes
 from ...seam.choices import level_choices, tier_choices
@@ -132,16 +132,16 @@ def _model_widgets(ctx: PanelContext) -> list[Any]:
     """How the model is cut and where it waits (left column): level, blocks, tier, folder."""
     level = gr.Radio(
         level_choices(block="Groups of blocks (recommended)"),
-        value="block", label="How to cut the model", elem_id="ferry-level",
+        value=DEFAULTS["level"], label="How to cut the model", elem_id="ferry-level",
         info="A block is one of the model's repeated stages (a transformer block).",
     )  # fmt: skip
     blocks = gr.Slider(
-        1, ctx.max_blocks(), value=1, step=1, label="Blocks moved together",
+        1, ctx.max_blocks(), value=DEFAULTS["blocks_per_group"], step=1, label="Blocks moved together",
         info="More blocks at once: faster, but needs more VRAM. Fewer: less VRAM.",
         elem_id="ferry-blocks",
     )  # fmt: skip
     tier = gr.Radio(
-        tier_choices(), value="pinned", label="Where the rest of the model waits",
+        tier_choices(), value=DEFAULTS["tier"], label="Where the rest of the model waits",
         elem_id="ferry-tier",
         info="Disk needs almost no RAM, and a fast SSD keeps it quick.",
     )  # fmt: skip
@@ -156,7 +156,7 @@ def _model_widgets(ctx: PanelContext) -> list[Any]:
 def _memory_widgets(ctx: PanelContext) -> list[Any]:
     """How much runs on the GPU (right column): look-ahead, budget, headroom, quantization."""
     prefetch = gr.Slider(
-        1, 8, value=1, step=1, label="Look-ahead (groups loaded in advance)",
+        1, 8, value=DEFAULTS["prefetch_depth"], step=1, label="Look-ahead (groups loaded in advance)",
         info="2 or more can hide slow disks; each one costs a little more VRAM.",
         elem_id="ferry-prefetch",
     )  # fmt: skip
@@ -165,7 +165,7 @@ def _memory_widgets(ctx: PanelContext) -> list[Any]:
         info="Ferry keeps as much of the model on the GPU as this allows.", elem_id="ferry-vram-budget",
     )  # fmt: skip
     headroom = gr.Number(
-        value=2.0, label="Headroom for 'auto' (GiB)", minimum=0,
+        value=DEFAULTS["headroom_gb"], label="Headroom for 'auto' (GiB)", minimum=0,
         info="VRAM left free for the image itself (activations, VAE).", elem_id="ferry-headroom",
     )  # fmt: skip
     quant = gr.Dropdown(
@@ -178,16 +178,15 @@ def _memory_widgets(ctx: PanelContext) -> list[Any]:
 
 def _advanced_disk_widgets() -> list[Any]:
     """The disk tier's rarer options, folded away: the defaults suit almost every machine."""
-    defaults = DiskTier("")
     with gr.Accordion("Advanced (disk tier)", open=False, elem_id="ferry-advanced"):
         direct_io = gr.Checkbox(
-            value=defaults.direct_io, label="Unbuffered reads (skip the page cache)", elem_id="ferry-direct-io",
+            value=DEFAULTS["direct_io"], label="Unbuffered reads (skip the page cache)", elem_id="ferry-direct-io",
             info="O_DIRECT: no page-cache copy, so the cache stays free for the rest of the machine. Off: "
             "buffered reads, faster only when the group files fit in RAM anyway.",
         )  # fmt: skip
         verify = gr.Radio(
             [("Once per group (first read)", "first_read"), ("Every read", "every_read")],
-            value=defaults.verify, label="Verify checksums", elem_id="ferry-verify",
+            value=DEFAULTS["verify"], label="Verify checksums", elem_id="ferry-verify",
             info="Every read: catches a disk that corrupts data later, at some CPU cost.",
         )  # fmt: skip
         cpu_read = gr.Radio(
@@ -196,7 +195,7 @@ def _advanced_disk_widgets() -> list[Any]:
                 ("Map the files (no copy)", "mapped"),
                 ("Copy into a buffer", "copy"),
             ],
-            value=defaults.cpu_read, label="On a CPU-only machine", elem_id="ferry-cpu-read",
+            value=DEFAULTS["cpu_read"], label="On a CPU-only machine", elem_id="ferry-cpu-read",
             info="Copy is faster; mapped computes from the files' page cache with almost no RAM. "
             "On a GPU groups are always copied.",
         )  # fmt: skip
