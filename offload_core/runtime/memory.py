@@ -13,13 +13,16 @@ import functools
 import gc
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .cgroup_memory import cgroup_available
+
+if TYPE_CHECKING:
+    from ..model.layout import Entry
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,16 @@ class HeapTrimmer:
         if self.let_go >= TRIM_EVERY:
             trim_heap()
             self.let_go = 0
+
+
+def computes_from_copies(entries: Iterable[Entry]) -> bool:
+    """Whether a group's forward computes from per-call copies of its weights: a tensor
+    subclass (ComfyUI's ``QuantizedTensor``, torchao's) or one-byte storage (fp8, int8, GGUF's
+    raw blocks) is dequantized into a new tensor each call; a plain float weight is used as
+    it is. ([Note: the heap trim on the forward path] in engine.py.)"""
+    return any(
+        e.subclass is not None or any(p.dtype.itemsize == 1 for p in e.parts) for e in entries
+    )
 
 
 def release_freed_memory() -> None:
