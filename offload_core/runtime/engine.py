@@ -72,22 +72,11 @@ class Engine:
             read_threads,
         )
         self._ids = {id(g): i for i, g in enumerate(groups)}  # a group's number in the schedule
-        #: [Note: the heap trim on the forward path]
-        #: A quantized group's forward computes from copies it makes of its weights (each
-        #: layer dequantized per call, on a CPU); freed, they stay in the C heap once a large
-        #: free has raised glibc's mmap threshold (+0.55 GB RssAnon for a 0.56 GB fp8 expert):
-        #: a trim as such groups finish hands them back, so RAM holds about one group's.
-        #: A plain group's forward makes no such copies: its temporaries (activations) are a
-        #: working set the next group takes again at once, so a trim there only hands pages
-        #: to the kernel to fault back in (Flux on a CPU: 1.07-1.11x resident with a trim per
-        #: group, 0.96-1.01x without). Layouts and restores trim on their own (placement.py),
-        #: where memory is let go for good. Only where the forward computes on the host: on a
-        #: device its temporaries are device memory.
-        self._trimmed = (
-            {id(g) for g in groups if computes_from_copies(g.spec.entries)}
-            if backend.synchronous
-            else set()
-        )
+        #: The groups whose forward frees per-call copies of their weights, on a host that
+        #: computes ([Note: the heap trim on the forward path] in runtime/memory.py).
+        self._trimmed = {
+            id(g) for g in groups if backend.synchronous and computes_from_copies(g.spec.entries)
+        }
         self._trimmer = HeapTrimmer()
         self.inflight: dict[int, Load] = {}  # by step: the loads the schedule planned
         #: The load computing now: its group and the slot its tensors point into, which
