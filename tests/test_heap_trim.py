@@ -16,6 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from torch import nn
+
+from offload_core import LeafLevel
+from offload_core.model.grouping import build_grouping
+from offload_core.runtime.memory import computes_from_copies
+from tests.test_core_quant_stream import Scaled
 
 HERE = Path(__file__).resolve().parent
 MB = 1 << 20
@@ -68,3 +75,30 @@ def test_a_plain_models_forwards_do_not_trim_the_heap() -> None:
     16 MiB let go made one per group (Flux on a CPU: 1.07-1.11x resident with it)."""
     plain = _run("plain", "trim")
     assert plain["trims"] == 0, plain
+
+
+def _grouped(weight: torch.Tensor) -> list[Any]:
+    layer = nn.Linear(4, 4, bias=False).requires_grad_(False)
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    return build_grouping(nn.Sequential(layer), LeafLevel()).groups[0].entries
+
+
+@pytest.mark.parametrize(
+    ("dtype", "copies"),
+    [
+        (torch.float32, False),
+        (torch.bfloat16, False),
+        (torch.float16, False),
+        (torch.float8_e4m3fn, True),  # core's fp8 / fp8_scaled weights
+        (torch.int8, True),
+        (torch.uint8, True),  # GGUF's and bitsandbytes' raw blocks
+    ],
+)
+def test_which_groups_compute_from_copies(dtype: torch.dtype, copies: bool) -> None:
+    assert computes_from_copies(_grouped(torch.zeros(4, 4).to(dtype))) is copies
+
+
+def test_a_quantized_subclass_computes_from_copies() -> None:
+    """ComfyUI's QuantizedTensor in miniature (tests/test_core_quant_stream.py's Scaled)."""
+    q = Scaled(torch.zeros(4, 4), torch.ones(()))  # float32 inside: the subclass decides
+    assert computes_from_copies(_grouped(q))
