@@ -224,8 +224,8 @@ def computes_from_copies(entries: Iterable[Entry]) -> bool:
     such copies: its temporaries (activations) are a working set the next group takes again
     at once, and a trim there only hands pages to the kernel to fault back in (Flux on a CPU:
     1.07-1.11x resident with a trim per group, 0.96-1.01x without). Layouts and restores trim
-    on their own (sources/placement.py), where memory is let go for good. On a device a
-    forward's temporaries are device memory: no trim.
+    on their own (sources/lay_out.py, sources/give_back.py), where memory is let go for good.
+    On a device a forward's temporaries are device memory: no trim.
     """
     return any(
         e.subclass is not None or any(p.dtype.itemsize == 1 for p in e.parts) for e in entries
