@@ -55,11 +55,11 @@ def test_a_quantized_models_per_call_copies_do_not_stay_in_the_heap(
     held = ferry["after"] - ferry["before"]
     kept = control["after"] - control["before"]
     print(f"\nRssAnon after the forwards: +{held / MB:.1f} MB trimmed, +{kept / MB:.1f} MB not")
-    # The control shows the stand-in makes what the trim is for: without it, freed copies
-    # (measured: +52 MB, about two thirds of one block's) stay in the heap.
-    assert kept >= ferry["block_copy_bytes"] // 4, control
-    # With it, about nothing is left (measured: +0.2 MB); a quarter of the control at most.
-    assert held <= kept // 4, (ferry, control)
+    # With the trim about nothing is left (measured: +0.2 MB in three runs). Without it the
+    # freed copies stayed in the heap in three runs of four (+40-53 MB, about half of a
+    # block's copies) and in one glibc handed them back itself (+0.7 MB): the control is
+    # printed, not asserted, and the trims are counted in the next test.
+    assert held <= ferry["block_copy_bytes"] // 8, (ferry, control)
 
 
 def test_the_trim_runs_after_each_quantized_group(quantized: dict[str, dict[str, Any]]) -> None:
