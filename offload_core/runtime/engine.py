@@ -25,7 +25,7 @@ from ..transfer.backend import Backend
 from ..transfer.buffers import Slot
 from ..transfer.copies import Transfers
 from .group import GroupRuntime
-from .memory import HeapTrimmer
+from .memory import HeapTrimmer, computes_from_copies
 from .schedule import Phase, Planned, Schedule
 from .stats import Counters
 
@@ -72,12 +72,12 @@ class Engine:
             read_threads,
         )
         self._ids = {id(g): i for i, g in enumerate(groups)}  # a group's number in the schedule
-        #: The forward's own temporaries (a quantized layer's weight dequantized per call, on
-        #: a CPU) stay in the C heap once a large free has raised glibc's mmap threshold: a
-        #: trim as groups finish hands them back, so RAM holds about one group's, not all.
-        #: Only where the forward computes on the host: on a device its temporaries are device
-        #: memory, and a trim per group would be host work on the hot path for nothing.
-        self._trimmer = HeapTrimmer() if backend.synchronous else None
+        #: The groups whose forward frees per-call copies of their weights, on a host that
+        #: computes ([Note: the heap trim on the forward path] in runtime/memory.py).
+        self._trimmed = {
+            id(g) for g in groups if backend.synchronous and computes_from_copies(g.spec.entries)
+        }
+        self._trimmer = HeapTrimmer()
         self.inflight: dict[int, Load] = {}  # by step: the loads the schedule planned
         #: The load computing now: its group and the slot its tensors point into, which
         #: ``_release_current`` gives back. Not the schedule's ``current`` (the same region,
@@ -215,7 +215,7 @@ class Engine:
             self.transfers.slot_done(load.slot)
             load.group.to_host()
         load.group.source.release()  # a mapped group's pages go (its forward has returned)
-        if self._trimmer is not None:
+        if id(load.group) in self._trimmed:
             self._trimmer.freed(load.group.spec.nbytes)
 
     def _drop(self, planned: list[Planned]) -> None:
