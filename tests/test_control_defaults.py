@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, get_args, get_type_hints
 
-from offload_core.control_defaults import CONTROL_DEFAULTS, PLANNED_SETTINGS, control_defaults
+from offload_core.control_defaults import PLANNED_SETTINGS, control_defaults
 from offload_core.policy import AUTO, CPU_READS, VERIFY_MODES, DiskTier
 from tests.conftest import PACK_NAME, load_pack
 from tests.node_schemas import node_schemas, widgets
@@ -19,9 +19,12 @@ COMFYUI_BEFORE = {
     "prefetch_depth": AUTO, "vram_budget": "auto", "headroom_gb": 2.0, "direct_io": True,
     "verify": "first_read", "cpu_read": "auto", "bake_lora": "off",
 }  # fmt: skip
-FORGE_BEFORE = {
-    "enabled": False, "level": "block", "blocks_per_group": 1, "tier": "pinned", "disk_path": "",
-    "prefetch_depth": 1, "vram_budget": "auto", "use_saved": False, "text_encoder": False,
+#: Forge's accordion as a new user meets it: the planner's settings on auto (issue 46), the
+#: rest as before the table.
+FORGE_DEFAULTS = {
+    "enabled": False, "level": "block", "blocks_per_group": "auto", "tier": "auto",
+    "disk_path": "", "prefetch_depth": "auto", "vram_budget": "auto", "use_saved": False,
+    "text_encoder": False,
 }  # fmt: skip
 
 
@@ -56,9 +59,10 @@ def test_the_disk_choices_are_the_tiers_own_literals() -> None:
 def test_forge_and_the_panel_start_from_the_table() -> None:
     load_pack()
     controls = importlib.import_module(f"{PACK_NAME}.webui.controls")
-    assert controls.DEFAULTS == FORGE_BEFORE
-    assert {k: controls.DEFAULTS[k] for k in CONTROL_DEFAULTS if k in controls.DEFAULTS} == {
-        k: v for k, v in CONTROL_DEFAULTS.items() if k in controls.DEFAULTS
+    assert controls.DEFAULTS == FORGE_DEFAULTS
+    planned = control_defaults(planned=True)
+    assert {k: controls.DEFAULTS[k] for k in planned if k in controls.DEFAULTS} == {
+        k: v for k, v in planned.items() if k in controls.DEFAULTS
     }
     Form = importlib.import_module(f"{PACK_NAME}.web.panel.forms").Form
     form = Form("block", 1, "pinned", "", 1, "", 2.0, "none")

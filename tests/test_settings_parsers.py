@@ -40,7 +40,9 @@ FORGE_DEFAULT_FOLDER = "/forge/data/ferry-offload"
 
 def forge(**values: Any) -> Any:
     """Forge's "Ferry offload" accordion (webui/controls.py) with ``values`` -> its policy."""
-    c = {**controls.DEFAULTS, "enabled": True, "tier": "ram", "vram_budget": "", **values}
+    # Numbers where the accordion's default is auto (the planner's, not a parser's verdict).
+    fixed = {"tier": "ram", "blocks_per_group": 1, "prefetch_depth": 1, "vram_budget": ""}
+    c = {**controls.DEFAULTS, "enabled": True, **fixed, **values}
     offload = controls.offload_from_controls(
         [c[cid] for cid, _ in controls.CONTROLS],
         default_disk_path=FORGE_DEFAULT_FOLDER,

@@ -588,7 +588,7 @@ def test_pasting_parameters_sets_the_controls(unit: str) -> None:
 
 
 def test_api_callers_args() -> None:
-    assert controls.controls_dict([True])["tier"] == "pinned"  # missing trailing: defaults
+    assert controls.controls_dict([True])["tier"] == "auto"  # missing trailing: defaults
     with pytest.raises(controls.ControlError, match="got 10 values for 9 controls"):
         controls.controls_dict([True] * 10)
     # An API caller that predates the text-encoder box: it is off.

@@ -203,6 +203,14 @@ def test_the_plan_route_answers_the_same_text(host: Any) -> None:
     route = routes.plan_route(h)
     got = route(tier="ram", blocks_per_group=2, text_encoder=True)["text"]
     assert "**Text encoder** (clip_l," in got and "**UNet** (tiny-te," in got
-    # The accordion's defaults for the rest (pinned is its default tier; "auto" budget).
-    assert route()["text"].count("**Text encoder**") == 0
-    assert "block 1, pinned, look-ahead 1, VRAM budget auto" in route()["text"]
+    # The accordion's defaults for the rest: tier, blocks per group and look-ahead on auto,
+    # said resolved, as a generation with them runs them (the "networks" the route lists).
+    default = route()
+    assert default["text"].count("**Text encoder**") == 0
+    (unet,) = default["networks"]
+    said = f"block {unet['blocks_per_group']}, {unet['tier']}, look-ahead {unet['prefetch_depth']}"
+    assert f"UNet: {said}, VRAM budget auto ({plan_mod.AUTO_NOTE})" in default["text"]
+    assert (
+        f"**{unet['tier']}**, {unet['blocks_per_group']} block(s) per group, look-ahead "
+        f"{unet['prefetch_depth']}." in default["text"]
+    )  # the same as "what Ferry would choose"

@@ -491,6 +491,8 @@ def load_checkpoint(
 class Processing:
     sd_model: SdModel
     extra_generation_params: dict[str, Any] = field(default_factory=dict)
+    steps: int = 20  # the Steps and CFG Scale sliders' values (Forge's defaults)
+    cfg_scale: float = 7.0
 
 
 def run_scripts(
@@ -508,6 +510,7 @@ def run_scripts(
 def generate(
     mm: MemoryManager, sd: SdModel, scripts: list[tuple[Any, tuple[Any, ...]]], x: torch.Tensor,
     lora: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None, online: bool = False,
+    steps: int = 20, cfg_scale: float = 7.0,
 ) -> tuple[torch.Tensor, Processing]:  # fmt: skip
     """One generation: LoRA (extra networks), always-visible scripts, load, one UNet call.
 
@@ -521,7 +524,7 @@ def generate(
     else:
         sd.forge_objects_after_applying_lora = sd.forge_objects_original.shallow_copy()
     sd.forge_objects = sd.forge_objects_after_applying_lora.shallow_copy()
-    p = Processing(sd)
+    p = Processing(sd, steps=steps, cfg_scale=cfg_scale)
     run_scripts(p, scripts, "process_before_every_sampling", x=x)
     unet = sd.forge_objects.unet
     mm.load_models_gpu([unet])

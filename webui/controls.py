@@ -13,12 +13,26 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..offload_core import ConfigError, DiskTier, FerryError, OffloadPolicy
-from ..offload_core.control_defaults import CONTROL_DEFAULTS
+from ..offload_core.control_defaults import PLANNED_SETTINGS, control_defaults
 from ..offload_core.disk.folder import check_disk_folder
-from ..offload_core.policy import LEVEL_NAMES, TIER_NAMES, parse_disk_path
+from ..offload_core.planner import Choice, Wish, with_choice
+from ..offload_core.policy import (
+    AUTO,
+    LEVEL_NAMES,
+    TIER_NAMES,
+    BlockLevel,
+    LeafLevel,
+    PinnedRamTier,
+    RamTier,
+    Tier,
+    parse_blocks_per_group,
+    parse_disk_path,
+    parse_prefetch_depth,
+    parse_vram_budget,
+)
 from ..seam.controls import ControlNames
 from ..seam.offload import HeldOffload
 
@@ -41,9 +55,15 @@ LEVELS = LEVEL_NAMES
 TIERS = TIER_NAMES
 #: The accordion's own switches: off until ticked.
 SWITCHES = ("enabled", "use_saved", "text_encoder")
-#: Each control's default: the policy's (offload_core/control_defaults.py) for the
-#: settings (Forge has no "auto" for the planner's settings yet), off for the switches.
-DEFAULTS: dict[str, Any] = {c: False if c in SWITCHES else CONTROL_DEFAULTS[c] for c, _ in CONTROLS}
+#: Each control's default: the policy's (offload_core/control_defaults.py), with the planner's
+#: settings on "auto" (webui/auto_plan.py chooses them, as for ComfyUI's widgets of the same
+#: names); off for the switches.
+_CONTROL_DEFAULTS = control_defaults(planned=True)
+DEFAULTS: dict[str, Any] = {
+    c: False if c in SWITCHES else _CONTROL_DEFAULTS[c] for c, _ in CONTROLS
+}
+#: The controls that may say "auto": the planner chooses them.
+AUTO_CONTROLS = PLANNED_SETTINGS
 
 #: Which control fixes each setting: the shared ids (seam/controls.py); a setting this
 #: accordion does not show (headroom, direct_io, ...) is said whole, under Use saved settings.
@@ -142,14 +162,92 @@ def controls_dict(values: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
     return out
 
 
-def offload_from_controls(
+def is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == AUTO
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The accordion's settings, each control parsed once. ``wish``: what the user fixed of
+    tier, blocks per group and look-ahead, None where a control says "auto" (the planner's,
+    webui/auto_plan.py); ``disk_path``: the disk tier's folder (the box's, else the default);
+    ``saved``: the policy Use saved settings reads, applied whole."""
+
+    wish: Wish
+    leaf: bool = False
+    disk_path: str = ""
+    vram_budget: int | Literal["auto"] | None = AUTO
+    saved: OffloadPolicy | None = None
+
+    @property
+    def from_saved(self) -> bool:
+        return self.saved is not None
+
+    @property
+    def planned(self) -> bool:
+        """Whether a control left to auto needs the planner's choice (``policy``)."""
+        w = self.wish
+        blocks = 1 if self.leaf else w.blocks_per_group  # layer by layer has no groups of blocks
+        return self.saved is None and None in (w.tier, blocks, w.prefetch_depth)
+
+    @property
+    def headroom_bytes(self) -> int:
+        return (self.saved or OffloadPolicy()).headroom_bytes
+
+    def policy(self, choice: Choice | None = None) -> OffloadPolicy:
+        """The policy to run: what the user fixed, and the planner's ``choice`` where a
+        control says auto, applied as typed values (no widget string in between). Raises
+        ConfigError (a setting's name) for a value the policy refuses."""
+        if self.saved is not None:
+            return self.saved
+        if self.planned and choice is None:
+            raise ValueError("an accordion setting is auto: plan it first (webui/auto_plan.py)")
+        w = self.wish
+        disk_asked = "disk" in (w.tier, choice.tier if choice else None)
+        disk = DiskTier(self.disk_path) if disk_asked else None
+        tier: Tier = (
+            disk if w.tier == "disk" and disk else RamTier() if w.tier == "ram" else PinnedRamTier()
+        )
+        fixed = OffloadPolicy(
+            level=LeafLevel() if self.leaf else BlockLevel(w.blocks_per_group or 1),
+            tier=tier,
+            prefetch_depth=w.prefetch_depth or 1,
+            vram_budget=self.vram_budget,
+        )
+        if choice is None:
+            fixed.validate()
+            return fixed
+        # What the user left on auto, from the plan: the one typed application both hosts use.
+        return with_choice(fixed, choice, disk)
+
+
+def _saved(policy: OffloadPolicy) -> Asked:
+    d = policy.to_dict()
+    leaf = d["level"] == "leaf"
+    wish = Wish(policy.tier_name, None if leaf else d["blocks_per_group"], policy.prefetch_depth)
+    folder = policy.tier.path if isinstance(policy.tier, DiskTier) else ""
+    return Asked(wish, leaf, folder, policy.vram_budget, saved=policy)
+
+
+def _folder(c: dict[str, Any], default: str, tier: str) -> str:
+    """The disk folder: the box's (empty: ``default``), checked where the disk tier may run
+    (tier disk or auto); for another tier only the planner's figures read it, so a box it
+    cannot use counts as the default there."""
+    if tier in ("disk", AUTO):
+        return parse_disk_path(c["disk_path"], default)
+    try:
+        return parse_disk_path(c["disk_path"], default)
+    except ConfigError:
+        return default
+
+
+def asked_from_controls(
     values: tuple[Any, ...] | list[Any],
     *,
     default_disk_path: str,
     load_saved: Callable[[], Any],
-    name: str = "unet",
-) -> ForgeOffload | None:
-    """The offload the controls ask for (None: Ferry is off), validated.
+) -> Asked | None:
+    """The settings the controls ask for (None: Ferry is off), each parsed once.
 
     ``load_saved`` is settings_file.load_settings (the file the Ferry tab's Save writes and
     ComfyUI's nodes read); it is called only with Use saved settings on. Raises ControlError.
@@ -161,30 +259,47 @@ def offload_from_controls(
         return None
     if c["use_saved"]:
         try:  # the file holds a full disk folder where the tier is disk (its parser checks)
-            policy = load_saved().policy
+            return _saved(load_saved().policy)
         except ConfigError as e:
             raise as_control_error(e, saved=True) from None
-        return ForgeOffload(policy, name, from_saved=True)
     level, tier = c["level"], c["tier"]
     if level not in LEVELS:
         raise ControlError("level", f"must be one of {list(LEVELS)}, got {level!r}")
-    if tier not in TIERS:
-        raise ControlError("tier", f"must be one of {list(TIERS)}, got {tier!r}")
+    tier = AUTO if is_auto(tier) else tier
+    if tier != AUTO and tier not in TIERS:
+        raise ControlError("tier", f"must be 'auto' or one of {list(TIERS)}, got {tier!r}")
     try:
-        # Each value goes through its setting's one parser (offload_core/policy.py): the disk
-        # folder here (empty is the WebUI's default folder), the rest in from_dict.
-        path = parse_disk_path(c["disk_path"], default_disk_path) if tier == "disk" else None
-        flat = {
-            "level": level,
-            "blocks_per_group": c["blocks_per_group"],
-            "tier": tier,
-            "disk_path": path,
-            "prefetch_depth": c["prefetch_depth"],
-            "vram_budget_gb": c["vram_budget"],
-        }
-        return ForgeOffload(OffloadPolicy.from_dict(flat), name)
+        # Each value goes through its setting's one parser (offload_core/policy.py).
+        blocks, depth, leaf = c["blocks_per_group"], c["prefetch_depth"], level == "leaf"
+        wish = Wish(
+            tier=None if tier == AUTO else tier,
+            # Layer by layer has no blocks per group (the planner sizes its own groups then).
+            blocks_per_group=None if leaf or is_auto(blocks) else parse_blocks_per_group(blocks),
+            prefetch_depth=None if is_auto(depth) else parse_prefetch_depth(depth),
+        )
+        folder = _folder(c, default_disk_path, tier)
+        return Asked(wish, leaf, folder, parse_vram_budget(c["vram_budget"]))
     except ConfigError as e:
         raise as_control_error(e) from None
+
+
+def offload_from_controls(
+    values: tuple[Any, ...] | list[Any],
+    *,
+    default_disk_path: str,
+    load_saved: Callable[[], Any],
+    name: str = "unet",
+    choice: Choice | None = None,
+) -> ForgeOffload | None:
+    """The offload the controls ask for (None: Ferry is off), validated; ``choice``: the
+    planner's, for the controls on auto (webui/auto_plan.py). Raises ControlError."""
+    asked = asked_from_controls(values, default_disk_path=default_disk_path, load_saved=load_saved)
+    if asked is None:
+        return None
+    try:
+        return ForgeOffload(asked.policy(choice), name, from_saved=asked.from_saved)
+    except ConfigError as e:
+        raise as_control_error(e, saved=asked.from_saved) from None
 
 
 def switched_on(values: tuple[Any, ...] | list[Any], switch: str | None) -> bool:

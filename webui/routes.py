@@ -16,9 +16,10 @@ from typing import Any
 
 from ..offload_core.tools.monitor import read_offloads
 from ..offload_core.tools.settings_file import default_settings_path
+from .auto_plan import DEFAULT_CFG, DEFAULT_STEPS
 from .controls import CONTROLS, DEFAULTS
 from .live_layout import COUNTS
-from .plan import plan_text
+from .plan import plan_answer
 from .script import Host
 
 
@@ -34,23 +35,25 @@ def stats() -> dict[str, Any]:
 
 
 def plan_route(host: Host) -> Callable[..., dict[str, Any]]:
-    """``GET /ferry/plan``: ``{"text": ...}``, what the Plan button shows for these values."""
+    """``GET /ferry/plan``: ``{"text": ..., "networks": [...]}``, what the Plan button shows
+    for these values and Steps and CFG (``networks``: the settings a generation would run per
+    network, "auto" resolved by the same plan)."""
     d = DEFAULTS
 
     def plan(
         enabled: bool = d["enabled"], level: str = d["level"],
-        blocks_per_group: int = d["blocks_per_group"], tier: str = d["tier"],
-        disk_path: str = d["disk_path"], prefetch_depth: int = d["prefetch_depth"],
+        blocks_per_group: str = d["blocks_per_group"], tier: str = d["tier"],
+        disk_path: str = d["disk_path"], prefetch_depth: str = d["prefetch_depth"],
         vram_budget: str = d["vram_budget"], use_saved: bool = d["use_saved"],
-        text_encoder: bool = d["text_encoder"],
+        text_encoder: bool = d["text_encoder"], steps: int = DEFAULT_STEPS,
+        cfg_scale: float = DEFAULT_CFG,
     ) -> dict[str, Any]:  # fmt: skip
         given = locals()
         values = tuple(given[cid] for cid, _ in CONTROLS)
-        text = plan_text(
+        return plan_answer(
             host.loaded_model(), values, default_disk_path=host.default_disk_path,
-            load_saved=host.load_saved,
+            load_saved=host.load_saved, steps=steps, cfg_scale=cfg_scale,
         )  # fmt: skip
-        return {"text": text}
 
     return plan
 

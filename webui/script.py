@@ -17,10 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..offload_core import BlockLevel, ConfigError, FerryError, OffloadPolicy, RamTier
+from ..offload_core.planner import Choice
+from ..offload_core.policy import AUTO
 from ..offload_core.tools.settings_file import load_settings
 from ..seam.choices import level_choices, tier_choices
 from ..seam.offload import HeldOffload
 from ..seam.site import DIFFUSION_MODEL, TEXT_ENCODER, NetworkSite
+from .auto_plan import DEFAULT_CFG, DEFAULT_STEPS, loaded_networks, plan_for, unet_reads
 from .controls import (
     CONTROLS,
     DEFAULTS,
@@ -28,12 +31,13 @@ from .controls import (
     LABELS,
     SECTION,
     TEXT_ENCODER_INFOTEXT,
+    Asked,
     ControlError,
     ForgeOffload,
     as_control_error,
+    asked_from_controls,
     check_blocks,
     check_folder,
-    offload_from_controls,
     parse_infotext,
     switched_on,
 )
@@ -41,10 +45,12 @@ from .live_layout import COUNTS, ForgeLayout
 from .low_bit import check_weights
 from .patcher import FerryPatcherMixin, ferry_clone, mark_engine_passes
 from .plan import plan_text
+from .plan_button import SLIDERS, PlanButton
 
-#: Blocks per group slider's top: the longest run of blocks of the models Forge runs (Flux's
-#: 38 single blocks). A model with fewer is refused with its own maximum, naming the control.
-MAX_BLOCKS_SLIDER = 38
+#: The longest run of blocks of the models Forge runs (Flux's 38 single blocks), said in the
+#: Blocks per group box's help. A model with fewer is refused with its own maximum.
+MAX_BLOCKS = 38
+AUTO_TIER_LABEL = "Auto (Ferry chooses)"
 
 INTRO = (
     "Ferry keeps part of the UNet on the GPU and streams the rest in just before it is needed, "
@@ -114,20 +120,36 @@ def requested(
     p: Any, values: tuple[Any, ...], host: Host, site: NetworkSite
 ) -> ForgeOffload | None:
     """The offload the accordion asks for on ``p``'s network at ``site``, not yet checked
-    against it; None when Ferry is off (or that network's switch is)."""
+    against it; None when Ferry is off (or that network's switch is). Controls on "auto" take
+    the planner's choice for this generation's networks, steps and CFG (webui/auto_plan.py:
+    the plan the Plan button shows)."""
     if site.forge_control != "enabled" and not switched_on(values, site.forge_control):
+        return None
+    asked = asked_from_controls(
+        values, default_disk_path=host.default_disk_path, load_saved=host.load_saved
+    )
+    if asked is None:
         return None
     obj = getattr(p.sd_model.forge_objects, NETWORKS[site].forge_object)
     name = line_name(p, site, site.network_of(site.patcher_of(obj).model))
-    offload = offload_from_controls(
-        values, default_disk_path=host.default_disk_path, load_saved=host.load_saved,
-        name=name,
-    )  # fmt: skip
-    if offload is None:
-        return None
-    offload = ForgeOffload(offload.policy, offload.name, site.kind, from_saved=offload.from_saved)
+    try:
+        choice = auto_choice(p, values, asked, site) if asked.planned else None
+        policy = asked.policy(choice)
+    except ConfigError as e:
+        raise as_control_error(e, saved=asked.from_saved) from None
+    offload = ForgeOffload(policy, name, site.kind, from_saved=asked.from_saved)
     info = getattr(p.sd_model, "sd_checkpoint_info", None)
     return offload.with_source_checkpoint(getattr(info, "filename", None))
+
+
+def auto_choice(p: Any, values: tuple[Any, ...], asked: Asked, site: NetworkSite) -> Choice:
+    """The planner's choice for ``p``'s network at ``site``, planned with every network the
+    accordion offloads on this generation (raises the plan's refusal, a ConfigError)."""
+    nets = loaded_networks(p.sd_model, switched_on(values, "text_encoder"))
+    assert nets is not None, "a generation runs a loaded checkpoint"
+    reads = unet_reads(getattr(p, "steps", DEFAULT_STEPS), getattr(p, "cfg_scale", DEFAULT_CFG))
+    plan = plan_for(p.sd_model, nets, asked, reads).check()
+    return plan.choices[[kind for kind, _ in nets].index(site.kind)]
 
 
 def offload_for(
@@ -191,8 +213,9 @@ def hand_over(p: Any, values: tuple[Any, ...], host: Host, site: NetworkSite) ->
     return None
 
 
-def accordion(host: Host, is_img2img: bool) -> list[Any]:
-    """The controls, in ``CONTROLS`` order."""
+def accordion(host: Host, is_img2img: bool, plan: PlanButton | None = None) -> list[Any]:
+    """The controls, in ``CONTROLS`` order; ``plan``: the Plan button's wiring (with Forge's
+    Steps and CFG sliders where the script watches them; None: at once, without)."""
     gr = host.gr
     tab = "img2img" if is_img2img else "txt2img"
     with host.input_accordion(False, label=SECTION, elem_id=f"{tab}_ferry_offload") as enabled:
@@ -202,28 +225,31 @@ def accordion(host: Host, is_img2img: bool) -> list[Any]:
                 level_choices(), value=DEFAULTS["level"], label="How to cut the UNet",
                 elem_id=f"{tab}_ferry_level",
             )  # fmt: skip
-            blocks = gr.Slider(
-                1, MAX_BLOCKS_SLIDER, value=DEFAULTS["blocks_per_group"], step=1,
-                label="Blocks per group", elem_id=f"{tab}_ferry_blocks",
-                info="Blocks moved together: more is faster and needs more VRAM. SD 1.5 has "
-                "12 in a row, SDXL 9, Flux 38.",
+            # Text boxes, not sliders, so they can hold "auto" (and an infotext's number).
+            blocks = gr.Textbox(
+                value=DEFAULTS["blocks_per_group"], label="Blocks per group",
+                elem_id=f"{tab}_ferry_blocks",
+                info="auto: Ferry sizes the groups for this machine; or a number: blocks moved "
+                f"together (more is faster and needs more VRAM; SD 1.5 has up to 12 in a row, "
+                f"SDXL 9, Flux {MAX_BLOCKS}).",
             )  # fmt: skip
         with gr.Row():
             tier = gr.Radio(
-                tier_choices(), value=DEFAULTS["tier"], label="Where the rest waits",
-                elem_id=f"{tab}_ferry_tier",
+                [(AUTO_TIER_LABEL, AUTO), *tier_choices()], value=DEFAULTS["tier"],
+                label="Where the rest waits", elem_id=f"{tab}_ferry_tier",
             )  # fmt: skip
             disk_path = gr.Textbox(
                 value=DEFAULTS["disk_path"], label="Disk folder", placeholder=host.default_disk_path,
                 elem_id=f"{tab}_ferry_disk_path",
-                info="For the disk tier: a folder on your fastest disk (empty: the folder shown). "
-                "Groups read from the checkpoint itself write nothing.",
+                info="For the disk tier (auto may choose it): a folder on your fastest disk "
+                "(empty: the folder shown). Groups read from the checkpoint itself write nothing.",
             )  # fmt: skip
         with gr.Row():
-            prefetch = gr.Slider(
-                1, 8, value=DEFAULTS["prefetch_depth"], step=1, label="Look-ahead",
+            prefetch = gr.Textbox(
+                value=DEFAULTS["prefetch_depth"], label="Look-ahead",
                 elem_id=f"{tab}_ferry_prefetch",
-                info="Groups loaded ahead of the one computing; 2 or more hides a slow disk.",
+                info="auto: as deep as hides the reads on this machine; or 1..8 groups loaded "
+                "ahead of the one computing (2 or more hides a slow disk).",
             )  # fmt: skip
             budget = gr.Textbox(
                 value=DEFAULTS["vram_budget"], label=LABELS["vram_budget"],
@@ -235,14 +261,15 @@ def accordion(host: Host, is_img2img: bool) -> list[Any]:
             label="Use saved settings (the Ferry tab's Save, shared with ComfyUI; the controls "
             "above are then ignored)",
         )  # fmt: skip
-        return foot(host, tab, enabled, level, blocks, tier, disk_path, prefetch, budget, use_saved)
+        controls = (enabled, level, blocks, tier, disk_path, prefetch, budget, use_saved)
+        return foot(host, tab, plan or PlanButton(), *controls)
 
 
-def foot(host: Host, tab: str, *controls: Any) -> list[Any]:
+def foot(host: Host, tab: str, plan: PlanButton, *controls: Any) -> list[Any]:
     """The accordion's last control (the text-encoder box), its note, and the Plan button with
     the Markdown it fills (webui/plan.py); returns every control (``controls``: the others).
     The button and its text are no controls: the script's values stay the nine of
-    ``CONTROLS``."""
+    ``CONTROLS``; the click also reads Forge's Steps and CFG sliders (``plan``)."""
     gr = host.gr
     text_encoder = gr.Checkbox(
         value=DEFAULTS["text_encoder"], elem_id=f"{tab}_ferry_text_encoder",
@@ -254,12 +281,16 @@ def foot(host: Host, tab: str, *controls: Any) -> list[Any]:
     shown = gr.Markdown("", elem_id=f"{tab}_ferry_plan_text")
 
     def show(*values: Any) -> str:
+        sliders = dict(zip(SLIDERS, values[len(every) :]))
         return plan_text(
-            host.loaded_model(), values, default_disk_path=host.default_disk_path,
-            load_saved=host.load_saved,
+            host.loaded_model(), values[: len(every)], default_disk_path=host.default_disk_path,
+            load_saved=host.load_saved, **sliders,
         )  # fmt: skip
 
-    button.click(show, inputs=every, outputs=[shown], show_progress="minimal")
+    def connect(sliders: list[Any]) -> None:
+        button.click(show, inputs=[*every, *sliders], outputs=[shown], show_progress="minimal")
+
+    plan.wire(connect)
     return every
 
 
@@ -288,10 +319,13 @@ def script_class(host: Host) -> type:
             return SECTION
 
         def show(self, is_img2img: bool) -> Any:
+            # Before Forge builds its UI: the Plan button reads its Steps and CFG sliders.
+            self.plan_button = PlanButton()
+            self.plan_button.watch(self, "img2img" if is_img2img else "txt2img")
             return host.always_visible
 
         def ui(self, is_img2img: bool) -> list[Any]:
-            controls = accordion(host, is_img2img)
+            controls = accordion(host, is_img2img, getattr(self, "plan_button", None))
             self.infotext_fields = infotext_fields(controls)
             return controls
 

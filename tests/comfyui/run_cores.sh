@@ -6,6 +6,8 @@
 # tests on: /work/comfy/v0.3.64, /work/comfy/v0.8.0, /work/comfy/v0.33.0). The test runner is
 # $FERRY_PY (default: .venv/bin/python, else python3); each server runs on its core's venv.
 # Exits non-zero if any core's run failed. Logs: ${FERRY_CORES_LOG:-/tmp/ferry-cores}/<core>.log
+# The cores and their venvs (and ComfyUI-GGUF, and Forge for tests/forge) are set up by
+# `bash tools/real_hosts.sh` from the repositories' snapshots (docs/real-hosts.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 cores=()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -124,9 +125,21 @@ def test_the_accordion_generates_with_its_settings_and_with_the_saved_ones(
     acc = page.locator("#txt2img_ferry_offload")
     acc.scroll_into_view_if_needed()
     acc.locator(".label-wrap").first.click()  # opening the accordion turns Ferry on
-    page.locator("#txt2img_ferry_tier label").get_by_text("RAM", exact=True).click()
     acc.locator("#txt2img_ferry_level").wait_for()
     acc.screenshot(path=str(shots / "forge-accordion.png"))
+    # As a new user finds it: tier, blocks per group and look-ahead on auto. The image's
+    # parameters say what the planner chose, and it is what ran.
+    info = _generate(page)
+    auto = re.search(r'Ferry: "block (\d+), (\w+), look-ahead (\d+), VRAM budget auto"', info)
+    assert auto is not None, info
+    (o,) = server.forge.stats()["offloads"]
+    assert (o["tier"], o["level"], o["prefetch_depth"]) == (auto[2], "block", int(auto[3]))
+    # Set by hand: the RAM tier, 1 block per group, look-ahead 1.
+    page.locator("#txt2img_ferry_tier label").get_by_text("RAM", exact=True).click()
+    for sel in ("#txt2img_ferry_blocks", "#txt2img_ferry_prefetch"):
+        box = page.locator(f"{sel} textarea, {sel} input").first
+        box.fill("1")
+        box.press("Tab")
     info = _generate(page)
     assert 'Ferry: "block 1, ram, look-ahead 1, VRAM budget auto"' in info, info
     (o,) = server.forge.stats()["offloads"]
@@ -141,15 +154,15 @@ def test_the_accordion_generates_with_its_settings_and_with_the_saved_ones(
 
 
 def test_a_refusal_reaches_the_user(page: Any, server: Server) -> None:
-    box = page.locator("#txt2img_ferry_blocks input[type=number]")
+    box = page.locator("#txt2img_ferry_blocks textarea, #txt2img_ferry_blocks input").first
     box.fill("20")
-    box.press("Enter")
+    box.press("Tab")
     info = _generate(page)
     assert "Ferry offload › Blocks per group: this model has at most 12 blocks in a row" in info, (
         info
     )
     box.fill("1")
-    box.press("Enter")
+    box.press("Tab")
     assert 'Ferry: "block 1, ram' in _generate(page)
     assert not [e for e in page.page_errors if "ferry" in e.lower()], page.page_errors
 
@@ -163,7 +176,8 @@ def test_the_text_encoder_box_encodes_through_ferry(page: Any, server: Server) -
     info = _generate(page)
     assert 'Ferry: "block 1, ram, look-ahead 1, VRAM budget auto, text encoder too"' in info, info
     names = sorted(o["name"] for o in server.forge.stats()["offloads"])
-    assert names == ["ferry-sd15-a", "ferry-sd15-a text encoder"], names
+    # The text encoder's line is named by the encoders Forge's CLIP holds (webui/script.py).
+    assert names == ["clip_l", "ferry-sd15-a"], names
     box.uncheck()
     page.locator("#txt2img_prompt textarea").fill("a ferry at dusk")
     assert "text encoder too" not in _generate(page)
@@ -204,11 +218,18 @@ def test_the_plan_button_shows_the_planners_choice_and_moves_nothing(
         acc.locator(".label-wrap").first.click()
     box = page.locator("#txt2img_ferry_text_encoder input[type=checkbox]")
     box.check()
+    # The plan counts the generation the sliders set: 5 steps at CFG 1 (one pass a step).
+    for sel, value in (("#txt2img_steps", "5"), ("#txt2img_cfg_scale", "1")):
+        field = page.locator(f"{sel} input[type=number]")
+        field.fill(value)
+        field.press("Enter")
     before = server.forge.stats()
     page.click("#txt2img_ferry_plan")
     text = _wait_text(page, "#txt2img_ferry_plan_text", "The accordion's settings")
     assert "UNet (ferry-sd15-a, " in text and "Text encoder (clip_l, " in text, text
     assert text.count("Why: ") == 2 and "Predicted: " in text, text
+    assert "Planned for 5 steps at CFG 1 (one pass a step" in text, text
+    assert "the UNet is read 5 times a generation" in text, text
     page.locator("#txt2img_ferry_plan_text").screenshot(path=str(shots / "forge-plan.png"))
     after = server.forge.stats()
     assert [after[k] for k in ("layouts", "releases")] == [

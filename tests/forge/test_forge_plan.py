@@ -44,7 +44,9 @@ def test_the_plan_needs_a_loaded_checkpoint_and_moves_nothing(
 
     before_image = fresh.forge.txt2img(ferry(enabled=False))  # Forge loads the checkpoint
     before = fresh.forge.stats()
-    text = plan(fresh, enabled=True, tier="disk", disk_path=str(tmp_path), text_encoder=True)
+    # The accordion's settings set by hand (the defaults are auto: test_forge_auto.py).
+    fixed = {"tier": "disk", "blocks_per_group": 1, "prefetch_depth": 1}
+    text = plan(fresh, enabled=True, **fixed, disk_path=str(tmp_path), text_encoder=True)
     print(text)
     assert f"**UNet** ({NAME}, " in text and "**Text encoder** (clip_l, " in text, text
     assert text.count("Why: ") == 2 and f"model {NAME}" in text and "text encoder clip_l" in text
