@@ -19,6 +19,7 @@ import torch
 
 from bench import harness, models, modes, report
 from offload_core.runtime import memory
+from offload_core.units import fmt_bytes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([
                 str(i + 1), str(trims[0]), str(r1.ru_minflt - r0.ru_minflt),
                 f"{r1.ru_utime - r0.ru_utime:.2f}", f"{r1.ru_stime - r0.ru_stime:.2f}",
-                f"{t1 - t0:.2f}", f"{memory.process_memory().rss_anon >> 20} MiB",
+                f"{t1 - t0:.2f}", fmt_bytes(memory.process_memory().rss_anon),
             ])  # fmt: skip
     head = ["forward", "heap trims", "minor faults", "user s", "sys s", "wall s", "RssAnon"]
     print(f"{spec.label}; {a.tokens} + {a.txt_tokens} tokens; {a.mode}\n")
