@@ -1,4 +1,4 @@
-"""The disk folder's read speed measured, not assumed (offload_core/planner/disk_probe.py and
+"""The disk folder's read speed measured, not assumed (offload_core/disk/speed_probe.py and
 disk_speed.py): a bounded probe the first time a folder is planned, kept per device in the
 folder's speed file, a prompt's measure winning over it, and a folder the probe cannot use
 leaving the plan on the assumed figure with the reason said."""
@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from offload_core.planner import NetworkFacts, Wish, disk_probe, disk_speed, plan_graph
+from offload_core.disk import speed_probe
+from offload_core.planner import NetworkFacts, Wish, disk_speed, plan_graph
 from offload_core.planner.facts import ASSUMED_DISK_GBPS
 from offload_core.planner.machine import read_machine
 from offload_core.units import GIB, MIB
@@ -25,7 +26,7 @@ from .planner_files import bytes_read
 @pytest.fixture(autouse=True)
 def small_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 16 MiB probe (the default is 256 MiB) and no device remembered from other tests."""
-    monkeypatch.setattr(disk_probe, "MAX_BYTES", 16 * MIB)
+    monkeypatch.setattr(speed_probe, "MAX_BYTES", 16 * MIB)
     monkeypatch.setattr(disk_speed, "_by_device", {})
 
 
@@ -36,12 +37,12 @@ def on_disk(machine: Any) -> str:
 
 def test_the_probe_reads_at_most_its_bound_and_leaves_nothing(tmp_path: Path) -> None:
     with bytes_read() as n:
-        found = disk_probe.probe(tmp_path / "new" / "folder", max_bytes=16 * MIB)
+        found = speed_probe.probe(tmp_path / "new" / "folder", max_bytes=16 * MIB)
     assert found.gbps is not None and found.gbps > 0 and found.why is None
     assert 0 < found.bytes_read <= 16 * MIB
     assert n[0] <= 16 * MIB + 64 * 1024  # every read() of this process, the probe's included
     assert list(tmp_path.iterdir()) == []  # its file, marker, folder and the made folders gone
-    timed_out = disk_probe.probe(tmp_path, max_bytes=16 * MIB, max_seconds=0.0)
+    timed_out = speed_probe.probe(tmp_path, max_bytes=16 * MIB, max_seconds=0.0)
     assert timed_out.gbps is None and "read nothing" in (timed_out.why or "")
 
 
@@ -96,7 +97,7 @@ def _assumed_with(tmp_path: Path, words: str) -> None:
     assert m.disk_why_assumed is not None and words in m.disk_why_assumed
     reason = on_disk(m)
     assert f"{ASSUMED_DISK_GBPS:.1f} GB/s read (assumed; " in reason and words in reason
-    assert not (tmp_path / disk_probe.FOLDER).exists()
+    assert not (tmp_path / speed_probe.FOLDER).exists()
     assert not (tmp_path / disk_speed.FILE).exists()  # nothing kept: the next plan tries again
 
 
@@ -106,7 +107,7 @@ def test_a_full_disk_leaves_the_plan_on_the_assumed_figure(
     def full(fd: int, data: Any) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(disk_probe.os, "write", full)
+    monkeypatch.setattr(speed_probe.os, "write", full)
     _assumed_with(tmp_path, os.strerror(errno.ENOSPC))
 
 
@@ -114,7 +115,7 @@ def test_a_disk_with_no_room_for_the_probe_is_not_probed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     usage = type("Usage", (), {"free": 70 * MIB, "total": GIB, "used": 0})()
-    monkeypatch.setattr(disk_probe.shutil, "disk_usage", lambda p: usage)
+    monkeypatch.setattr(speed_probe.shutil, "disk_usage", lambda p: usage)
     _assumed_with(tmp_path, "free beside the margin")
 
 
@@ -126,7 +127,7 @@ def test_a_read_only_folder_leaves_the_plan_on_the_assumed_figure(
     real = Path.mkdir
 
     def read_only(self: Path, *a: Any, **kw: Any) -> None:
-        if self.name == disk_probe.FOLDER:
+        if self.name == speed_probe.FOLDER:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS))
         real(self, *a, **kw)
 
@@ -152,10 +153,10 @@ def test_without_direct_io_the_cache_is_dropped_and_without_either_nothing_is_sa
     same bound. Neither (Windows): the reads would time the page cache, so no figure."""
     monkeypatch.delattr(os, "O_DIRECT", raising=False)
     with bytes_read() as n:
-        buffered = disk_probe.probe(tmp_path, max_bytes=16 * MIB)
+        buffered = speed_probe.probe(tmp_path, max_bytes=16 * MIB)
     assert buffered.gbps is not None and not buffered.direct
     assert 0 < buffered.bytes_read <= 16 * MIB and n[0] <= 16 * MIB + 64 * 1024
     monkeypatch.delattr(os, "posix_fadvise", raising=False)
-    cached = disk_probe.probe(tmp_path, max_bytes=16 * MIB)
+    cached = speed_probe.probe(tmp_path, max_bytes=16 * MIB)
     assert cached.gbps is None and "page cache" in (cached.why or "")
     assert list(tmp_path.iterdir()) == []

@@ -1,5 +1,5 @@
 """A short read-speed probe of a disk folder, for the planner's first plan there
-(disk_speed.py keeps what it measured).
+(planner/disk_speed.py keeps what it measured).
 
 Bounded: it writes at most ``max_bytes`` (and no more than the folder's free space leaves
 beside the disk tier's margin), stops writing or reading at ``max_seconds`` each, and reads
@@ -8,7 +8,7 @@ just filled: the file is written and read with O_DIRECT where the platform and t
 take it; otherwise it is fsynced and its cached pages dropped (posix_fadvise DONTNEED) before
 the read (macOS: F_NOCACHE). A platform with none of these (Windows) would time its page
 cache, so it measures nothing there. It writes only inside a folder of its own under the disk
-folder, marked as Ferry's (disk/store.py's marker), and removes the file, the marker, the
+folder, marked as Ferry's (store.py's marker), and removes the file, the marker, the
 folder and any folder it had to create, whatever happens.
 """
 
@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..disk.folder import SPACE_MARGIN
-from ..disk.store import MARKER
 from ..units import GB, MIB, fmt_bytes
+from .folder import SPACE_MARGIN
+from .store import MARKER
 
 FOLDER = "ferry-speed-probe"
 MAX_BYTES = 256 * MIB

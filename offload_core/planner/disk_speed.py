@@ -6,7 +6,7 @@ for another device (the folder now a mount point, a copied folder) is not this o
 - ``record``: after a prompt, a host records the disk tier's measured GB/s (the stats'
   ``disk_gbps``: Ferry reading its own group files there). This one wins.
 - ``probe``: the first time a folder is planned with nothing recorded, a short bounded probe
-  (disk_probe.py) measures it; kept, so later plans never probe again. A process also keeps
+  (offload_core/disk/speed_probe.py) measures it; kept, so later plans never probe again. A process also keeps
   each device's figure, so a second folder on the same disk is not probed.
 Until either is there the planner assumes a conservative figure (facts.ASSUMED_DISK_GBPS) and
 says "assumed" in its sentences, with why nothing measured it where a probe failed.
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ..disk import speed_probe
 from ..disk.durable import atomic_write
-from . import disk_probe
 from .facts import ASSUMED_DISK_GBPS
 
 FILE = ".ferry-disk-speed.json"
@@ -137,7 +137,7 @@ def for_plan(folder: str, *, probe: bool = True) -> DiskSpeed:
         seen = _by_device[device]
         _keep(root, **{"read_gbps" if seen.source == "prompt" else "probe_gbps": seen.gbps})
         return seen
-    found = disk_probe.probe(root)
+    found = speed_probe.probe(root)
     if found.gbps is None:
         return DiskSpeed(ASSUMED_DISK_GBPS, "assumed", found.why)
     speed = DiskSpeed(found.gbps, "probe")

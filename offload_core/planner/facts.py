@@ -118,7 +118,7 @@ class MachineFacts:
     disk_folder: str | None = None
     disk_gbps: float = ASSUMED_DISK_GBPS
     disk_measured: bool = False
-    #: The disk figure came from the planner's own probe (disk_probe.py), not from a prompt.
+    #: The disk figure came from the planner's own probe (disk/speed_probe.py), not from a prompt.
     disk_probed: bool = False
     #: Where the disk figure is assumed: why nothing measured it (a probe that failed).
     disk_why_assumed: str | None = None
