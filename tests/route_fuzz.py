@@ -226,6 +226,7 @@ def _plan(rng: random.Random) -> Case:
             [
                 {"inputs": {}},
                 {"class_type": 5, "inputs": {}},
+                {"class_type": None, "inputs": {}},
                 {"class_type": ["UNETLoader"], "inputs": {}},
                 {"class_type": "", "inputs": {}},
                 {"class_type": "UNETLoader", "inputs": []},

@@ -58,15 +58,6 @@ def test_post_plan_names_the_node_field_that_is_wrong(body: Any, setting: str) -
     assert status == 400 and reply["setting"] == setting and reply["error"].startswith(setting)
 
 
-def test_post_plan_plans_around_a_node_the_frontend_could_not_name() -> None:
-    # ComfyUI v0.3.64's frontend queues "class_type": null for a node it cannot name; the Plan
-    # button must still plan the rest (a missing key is still refused, above).
-    prompt = {**PROMPT, "4": {"class_type": None, "inputs": {"width": 128}}}
-    planned: list[dict[str, Any]] = []
-    status, _ = api.post_plan({"prompt": prompt}, lambda p: planned.append(p) or {"ok": True})
-    assert status == 200 and planned == [prompt]
-
-
 def test_post_plan_turns_a_planner_error_into_a_400_naming_the_setting() -> None:
     def plan(prompt: dict[str, Any]) -> dict[str, Any]:
         raise errors.ConfigError("unet_name", "'m.safetensors' is not in models/diffusion_models")

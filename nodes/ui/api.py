@@ -92,11 +92,7 @@ def _workflow_error(prompt: Any, prefix: str) -> Reply | None:
                 "setting": where,
             }  # fmt: skip
         class_type = node.get("class_type")
-        # null is what ComfyUI v0.3.64's frontend queues for a node it cannot name (its Plan
-        # button sent one for EmptySD3LatentImage): the planner passes over it, as core's own
-        # validation will name it when the prompt is queued.
-        unnamed = class_type is None and "class_type" in node
-        if not unnamed and (not isinstance(class_type, str) or not class_type):
+        if not isinstance(class_type, str) or not class_type:
             return 400, {
                 "error": f"{where}.class_type: must be a node's type name, got {class_type!r:.60}",
                 "setting": f"{where}.class_type",
