@@ -73,7 +73,9 @@ def test_the_round_trip_policies_vary_every_field(tmp_path: Path) -> None:
         (OffloadPolicy, policies),
         (DiskTier, [p.tier for p in policies if isinstance(p.tier, DiskTier)]),
     ]:
-        default = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+        # A field outside the policy's equality (planned_vram: the planner's share, per
+        # prompt) is never saved, so it has no round trip to vary.
+        default = {f.name: f.default for f in fields(cls) if f.default is not MISSING and f.compare}
         for name, value in default.items():
             assert any(getattr(v, name) != value for v in values), f"{cls.__name__}.{name}"
 

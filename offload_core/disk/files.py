@@ -113,3 +113,47 @@ def using(backend: FileBackend) -> Iterator[FileBackend]:
         yield backend
     finally:
         _chosen.remove(backend)
+
+
+# The speed probe's file primitives (disk/speed_probe.py): feature-tested at call time, for a
+# descriptor the probe opens itself to write and read back past the page cache.
+
+
+def open_uncached(path: Path, flags: int) -> tuple[int, bool]:
+    """(descriptor, whether direct): ``path`` opened with O_DIRECT where the platform and the
+    filesystem take it (tmpfs and some network filesystems refuse it), else without."""
+    direct = getattr(os, "O_DIRECT", 0)
+    flags |= getattr(os, "O_BINARY", 0)  # Windows: no newline translation
+    if direct:
+        try:
+            return os.open(path, flags | direct, 0o600), True
+        except OSError:
+            pass
+    return os.open(path, flags, 0o600), False
+
+
+def drop_cached(fd: int) -> bool:
+    """Keeps the reads of ``fd`` off the page cache where O_DIRECT could not: its cached
+    pages dropped (posix_fadvise, Linux and the BSDs), or caching off (macOS's F_NOCACHE,
+    whose cache the fsync'd writes may still hold: a fresh read of the rest is the disk's).
+    False where the platform has neither (Windows)."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return True
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    nocache = getattr(fcntl, "F_NOCACHE", None)
+    if nocache is None:
+        return False
+    fcntl.fcntl(fd, nocache, 1)
+    return True
+
+
+def pread_any(fd: int, buf: mmap.mmap, offset: int) -> int:
+    """A positioned read into ``buf`` on any platform (Windows: seek and read)."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [buf], offset)
+    os.lseek(fd, offset, os.SEEK_SET)  # Windows: no preadv
+    return len(os.read(fd, len(buf)))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..units import GB, MIB, fmt_bytes
+from .files import drop_cached, open_uncached, pread_any
 from .folder import SPACE_MARGIN
 from .store import MARKER
 
@@ -97,32 +98,19 @@ def _buffer() -> mmap.mmap:
     return buf
 
 
-def _open(path: Path, flags: int) -> tuple[int, bool]:
-    """``path`` opened with O_DIRECT where the platform and filesystem take it (tmpfs and
-    some network filesystems refuse it), else without."""
-    direct = getattr(os, "O_DIRECT", 0)
-    flags |= getattr(os, "O_BINARY", 0)  # Windows: no newline translation
-    if direct:
-        try:
-            return os.open(path, flags | direct, 0o600), True
-        except OSError:
-            pass
-    return os.open(path, flags, 0o600), False
-
-
 def _write(path: Path, size: int, max_seconds: float) -> tuple[int, bool]:
     """Writes up to ``size`` bytes in ``max_seconds``; (bytes written, O_DIRECT)."""
     buf = _buffer()
-    fd, direct = _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    fd, direct = open_uncached(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     written = 0
     try:
         deadline = time.perf_counter() + max_seconds
         while written < size and time.perf_counter() < deadline:
             written += os.write(fd, buf)
         os.fsync(fd)
-        if not direct and hasattr(os, "posix_fadvise"):
+        if not direct:
             # Buffered: the written pages are in the page cache; dropped, the read is the disk's.
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            drop_cached(fd)
     finally:
         os.close(fd)
         buf.close()
@@ -134,16 +122,16 @@ def _read(path: Path, size: int, direct: bool, max_seconds: float) -> tuple[int,
     the reads bypassed the page cache)."""
     buf = mmap.mmap(-1, CHUNK)
     if direct:
-        fd, read_direct = _open(path, os.O_RDONLY)
+        fd, read_direct = open_uncached(path, os.O_RDONLY)
     else:
         fd, read_direct = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0)), False
-    uncached = read_direct or _drop_cache(fd)
+    uncached = read_direct or drop_cached(fd)
     read = 0
     try:
         start = time.perf_counter()
         deadline = start + max_seconds
         while read < size and time.perf_counter() < deadline:
-            n = _pread(fd, buf, read)
+            n = pread_any(fd, buf, read)
             if n <= 0:
                 break
             read += n
@@ -152,32 +140,6 @@ def _read(path: Path, size: int, direct: bool, max_seconds: float) -> tuple[int,
         os.close(fd)
         buf.close()
     return read, seconds, uncached
-
-
-def _drop_cache(fd: int) -> bool:
-    """Keeps the reads of ``fd`` off the page cache where O_DIRECT could not: its cached
-    pages dropped (posix_fadvise, Linux and the BSDs), or caching off (macOS's F_NOCACHE,
-    whose cache the fsync'd writes may still hold: a fresh read of the rest is the disk's).
-    False where the platform has neither (Windows)."""
-    if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return True
-    try:
-        import fcntl
-    except ImportError:
-        return False
-    nocache = getattr(fcntl, "F_NOCACHE", None)
-    if nocache is None:
-        return False
-    fcntl.fcntl(fd, nocache, 1)
-    return True
-
-
-def _pread(fd: int, buf: mmap.mmap, offset: int) -> int:
-    if hasattr(os, "preadv"):
-        return os.preadv(fd, [buf], offset)
-    os.lseek(fd, offset, os.SEEK_SET)  # Windows: no preadv
-    return len(os.read(fd, len(buf)))
 
 
 def _clean(where: Path, created: list[Path]) -> None:
