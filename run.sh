@@ -27,33 +27,35 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=${TORCHAO_FORCE_SKIP_LOADING_SO_FILES:-1}
+# A venv of its own beside .venv for one tool the tests drive (DIR REQUIREMENTS WHAT [torch]):
+# made on first use, reinstalled when its requirements change; prints its absolute path.
+side_venv() {
+  local v=$1 reqs=$2 what=$3 torch=${4:-}
+  [ -x "$v/bin/python" ] || python3 -m venv "$v" >&2
+  local want
+  want=$(cat constraints.txt "$reqs" | sha256sum | cut -c1-16)
+  if [ "$(cat "$v/.ferry-stamp" 2>/dev/null)" != "$want" ]; then
+    echo "ferry: installing $what into $v" >&2
+    if [ -n "$torch" ]; then
+      "$v/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0 >&2
+    fi
+    "$v/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -r "$reqs" >&2
+    echo "$want" > "$v/.ferry-stamp"
+  fi
+  case "$v" in /*) echo "$v" ;; *) echo "$PWD/$v" ;; esac
+}
 # The panel runs on Forge's Gradio (4.40) as well as on 6: the tests drive it in a second venv.
 gradio4_venv() {
-  local v=${FERRY_GRADIO4_VENV:-.venv-gradio4}
-  [ -x "$v/bin/python" ] || python3 -m venv "$v"
-  local want4
-  want4=$(cat constraints.txt requirements-gradio4.txt | sha256sum | cut -c1-16)
-  if [ "$(cat "$v/.ferry-stamp" 2>/dev/null)" != "$want4" ]; then
-    echo "ferry: installing Gradio 4.40 into $v (the panel's second Gradio, for its tests)"
-    "$v/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0
-    "$v/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -r requirements-gradio4.txt
-    echo "$want4" > "$v/.ferry-stamp"
-  fi
-  case "$v" in /*) ;; *) v=$PWD/$v ;; esac
+  local v
+  v=$(side_venv "${FERRY_GRADIO4_VENV:-.venv-gradio4}" requirements-gradio4.txt \
+    "Gradio 4.40 (the panel's second Gradio, for its tests)" torch)
   export FERRY_GRADIO4_PYTHON=${FERRY_GRADIO4_PYTHON:-$v/bin/python}
 }
 # The Comfy Registry's installer (comfy-cli) in its own venv, for tests/test_registry_pack.py.
 comfycli_venv() {
-  local v=${FERRY_COMFYCLI_VENV:-.venv-comfycli}
-  [ -x "$v/bin/python" ] || python3 -m venv "$v"
-  local wantc
-  wantc=$(cat constraints.txt requirements-comfycli.txt | sha256sum | cut -c1-16)
-  if [ "$(cat "$v/.ferry-stamp" 2>/dev/null)" != "$wantc" ]; then
-    echo "ferry: installing comfy-cli into $v (the Registry's installer, for its tests)"
-    "$v/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -r requirements-comfycli.txt
-    echo "$wantc" > "$v/.ferry-stamp"
-  fi
-  case "$v" in /*) ;; *) v=$PWD/$v ;; esac
+  local v
+  v=$(side_venv "${FERRY_COMFYCLI_VENV:-.venv-comfycli}" requirements-comfycli.txt \
+    "comfy-cli (the Registry's installer, for its tests)")
   export FERRY_COMFY_CLI=${FERRY_COMFY_CLI:-$v/bin/comfy}
 }
 case "$job" in
