@@ -4,8 +4,17 @@ heading of that page as GitHub makes its anchors."""
 
 from __future__ import annotations
 
+import re
+
 from tests.conftest import REPO
-from tests.readme_docs import anchors, doc_pages, is_relative, links, reachable_from_readme
+from tests.readme_docs import (
+    README,
+    anchors,
+    doc_pages,
+    is_relative,
+    links,
+    reachable_from_readme,
+)
 
 
 def _broken() -> list[str]:
@@ -38,3 +47,11 @@ def test_the_readme_links_every_page_under_docs() -> None:
         if p not in reached and p.parent.name == "docs"
     ]
     assert not orphans, f"pages no link from the README leads to: {orphans}"
+
+
+def test_pyprojects_links_into_the_readme_name_its_headings() -> None:
+    """pyproject.toml's URLs (the Registry shows them) may point at a README section."""
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    wanted = re.findall(r'"https://github\.com/ferry-offload/ferry#([^"]+)"', text)
+    lost = [a for a in wanted if a not in anchors(README)]
+    assert not lost, f"pyproject.toml links README anchors no heading makes: {lost}"
