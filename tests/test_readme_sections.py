@@ -25,7 +25,8 @@ TWO_COMMANDS_BY_LINE = 100
 #: Old README section -> terms it held that must stay findable.
 ANCHOR_TERMS: dict[str, tuple[str, ...]] = {
     "Ferry (the opening)": (
-        "pinned RAM", "bit-identical", "torch.equal", "web/comfyui/", "scripts/ferry_webui.py",
+        "pinned RAM", "side stream", "waits on events, never on the host", "bit-identical",
+        "torch.equal", "Three ways in, one engine", "web/comfyui/", "scripts/ferry_webui.py",
         "web/panel/", "seam/", "architecture.md",
     ),
     "Two commands": (
