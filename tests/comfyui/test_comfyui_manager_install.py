@@ -11,7 +11,7 @@ venv with this repository's constraints.txt (torch==2.13.0).
 What a user does, then:
 - config.ini in the Manager's folder (<base>/user/__manager/config.ini):
   ``allow_git_url_install = true`` (4.2.2 refuses the git-URL route without it, whatever
-  ``security_level``), ``network_mode = offline`` (the setting for a machine behind a firewall: the
+  ``security_level``; 4.0.4, ComfyUI v0.8.0's pin, gates it by ``security_level = normal-``), ``network_mode = offline`` (the setting for a machine behind a firewall: the
   Manager reads its channel and Registry lists from its cache or the copies in its package
   instead of fetching them), ``use_uv = false`` (uv ignores pip's configuration, the index a
   firewalled machine has);
@@ -19,7 +19,8 @@ What a user does, then:
   as the body (a bare clone of this repository's HEAD, ``file://localhost/...``: 4.2.2 accepts only
   a URL with a host part). The route is served by the Manager's legacy UI, which 4.2.2 loads with
   ``--enable-manager-legacy-ui``; the new UI installs only packs listed in a channel;
-- the Manager's restart (``POST /v2/manager/reboot``: it re-executes the same command line);
+- the Manager's restart (``/v2/manager/reboot``, POST in 4.2.2, GET in 4.0.4: it re-executes the
+  same command line);
 - then Ferry's nodes are listed in /object_info and torch in the server's venv is unchanged.
 
     FERRY_COMFYUI=/work/comfy/v0.33.0 pytest tests/comfyui/test_comfyui_manager_install.py
@@ -48,17 +49,34 @@ FOLDER = "ComfyUI-Ferry"  # the Manager names the folder after the URL's last pa
 MANAGER_FLAGS = ("--enable-manager", "--enable-manager-legacy-ui")
 CONFIG = """[default]
 network_mode = offline
-security_level = normal
+security_level = {security_level}
 allow_git_url_install = true
 use_uv = false
 """
 TORCH_CODE = "import torch, importlib.metadata as m; print(torch.__version__, torch.__file__, m.version('torch'))"
 
 
+def manager_pin(comfy: Path) -> str:
+    """The comfyui_manager version the core pins (manager_requirements.txt), e.g. "4.2.2"."""
+    for line in (comfy / "manager_requirements.txt").read_text().splitlines():
+        name, _, version = line.partition("==")
+        if name.strip().lower().replace("-", "_") == "comfyui_manager" and version:
+            return version.strip()
+    raise AssertionError(f"{comfy}/manager_requirements.txt pins no comfyui_manager version")
+
+
+def config_for(pin: str) -> str:
+    """config.ini as a user sets it for that Manager: 4.2 moved the git-URL gate from
+    ``security_level`` (``normal-`` allows it on a local listener) to ``allow_git_url_install``."""
+    major, minor = (int(x) for x in pin.split(".")[:2])
+    return CONFIG.format(security_level="normal" if (major, minor) >= (4, 2) else "normal-")
+
+
 @dataclass
 class Installed:
     """What the Manager did, as the fixture saw it step by step."""
 
+    pin: str
     install_status: int
     torch_before: str
     torch_after: str
@@ -120,6 +138,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     comfy, checkout_py = comfy_checkout()
     if "--enable-manager" not in (comfy / "comfy" / "cli_args.py").read_text():
         pytest.skip(f"{comfy} has no --enable-manager flag (ComfyUI v0.33.0 has)")
+    pin = manager_pin(comfy)
     root = tmp_path_factory.mktemp("manager")
     copy = root / "ComfyUI"
     shutil.copytree(comfy, copy, ignore=shutil.ignore_patterns("venv", "__pycache__"))
@@ -138,7 +157,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     base = root / "base"
     (base / "custom_nodes").mkdir(parents=True)
     (base / "user" / "__manager").mkdir(parents=True)
-    (base / "user" / "__manager" / "config.ini").write_text(CONFIG)
+    (base / "user" / "__manager" / "config.ini").write_text(config_for(pin))
 
     port = _free_port()
     server = f"http://127.0.0.1:{port}"
@@ -157,7 +176,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
         if status == 200:
             # The Manager's restart: answers nothing (the process re-executes itself).
             try:
-                _request(server + "/v2/manager/reboot", b"", timeout=30)
+                rebooted, _ = _request(server + "/v2/manager/reboot", b"", timeout=30)
+                if rebooted == 405:  # 4.0.4 restarts on a GET
+                    _request(server + "/v2/manager/reboot", timeout=30)
             except OSError:
                 pass
             time.sleep(3)
@@ -168,6 +189,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
             object_info = {}
         torch_after = _python_of(str(py), TORCH_CODE)
         yield Installed(
+            pin=pin,
             install_status=status,
             torch_before=torch_before,
             torch_after=torch_after,
@@ -194,11 +216,13 @@ def _free_port() -> int:
 
 
 def test_the_pinned_manager_runs_offline(installed: Installed) -> None:
-    pinned = (Path(comfy_checkout()[0]) / "manager_requirements.txt").read_text()
-    assert "comfyui_manager==4.2.2" in pinned, pinned
-    assert "4.2.2" in installed.manager_version, installed.manager_version
+    # The Manager that answers is the core's pin (4.2.2 in ComfyUI v0.33.0).
+    assert installed.manager_version.strip().lstrip("Vv") == installed.pin, (
+        installed.manager_version,
+        installed.pin,
+    )
     assert "[ComfyUI-Manager] network_mode: offline" in installed.log
-    # What 4.2.2 prints when it tried the network and fell back to its own copies.
+    # What the Manager prints when it tried the network and fell back to its own copies.
     assert "Due to a network error" not in installed.log
 
 
