@@ -57,7 +57,7 @@ NODE_BOX_JS = """(id) => {
   const n = app.graph.getNodeById(id);
   const title = window.LiteGraph.NODE_TITLE_HEIGHT;
   app.canvas.ds.scale = 1.5;
-  app.canvas.ds.offset = [40 - n.pos[0], 40 + title - n.pos[1]];
+  app.canvas.ds.offset = [40 - n.pos[0], 100 + title - n.pos[1]];  // below the canvas toolbar
   app.canvas.setDirty(true, true);
   app.canvas.draw(true, true);
   const r = app.canvas.canvas.getBoundingClientRect();
