@@ -25,6 +25,7 @@ from ..transfer.backend import Backend
 from ..transfer.buffers import Slot
 from ..transfer.copies import Transfers
 from .group import GroupRuntime
+from .group_states import GroupState
 from .memory import HeapTrimmer, computes_from_copies
 from .schedule import Phase, Planned, Schedule
 from .stats import Counters
@@ -248,6 +249,25 @@ class Engine:
             )
         self._drop(dropped)
         self._start(planned)
+
+    # -- what a UI shows ----------------------------------------------------------------------
+    def group_states(self) -> list[GroupState]:
+        """Each streamed group's state now (group_states.py), for a reader on another
+        thread: the dict and the current load are read once each (a copy under the GIL), so
+        a transition on the compute thread meanwhile gives a state a moment old, never an
+        error."""
+        current = self.current
+        loads = list(self.inflight.values())
+        states = [GroupState.WAITING] * len(self.groups)
+        for load in loads:
+            i = self._ids.get(id(load.group))
+            if i is not None:
+                # A group planned twice (a short order wrapping) is in once one load is.
+                arrived = load.ready.done() or states[i] is GroupState.ON_DEVICE
+                states[i] = GroupState.ON_DEVICE if arrived else GroupState.IN_FLIGHT
+        if current is not None:
+            states[self._ids[id(current.group)]] = GroupState.ON_DEVICE
+        return states
 
     # -- teardown -------------------------------------------------------------------------
     def quiesce(self) -> None:
