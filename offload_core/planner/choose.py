@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..policy import TierName
 from ..units import fmt_bytes
 from .facts import MachineFacts, NetworkFacts
+from .picture import machine_room, where_waits
 from .sizing import Sizing, pace_phrase, size
 from .tiers import Split, disk_takes, fixed_tier, host_bytes, split
 from .timing import Timing, network_timing, per_step, time_sentence
@@ -108,8 +109,10 @@ class GraphPlan:
         )
 
     def as_dict(self) -> dict[str, Any]:
+        on_gpu = self.machine.on_gpu  # the pre-flight's picture (picture.py) reads "waits"
         return {
-            "networks": [c.as_dict() for c in self.choices],
+            "networks": [{**c.as_dict(), "waits": where_waits(c, on_gpu)} for c in self.choices],
+            "room": machine_room(self),
             "peak_ram": self.peak_ram, "peak_vram": self.peak_vram,
             "disk_bytes": self.disk_bytes, "ram_room": self.ram_room, "fits": self.fits,
             "verdict": self.verdict(),
