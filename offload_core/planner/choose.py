@@ -56,6 +56,15 @@ class Choice:
             **(self.timing.as_dict() if self.timing else {}),
         }  # fmt: skip
 
+    def waits(self, on_gpu: bool) -> dict[str, int | None]:
+        """Its bytes by where they wait, for the pre-flight's picture (picture.py)."""
+        n = self.network
+        return where_waits(
+            on_gpu=on_gpu, tier=self.tier, nbytes=n.nbytes, vram_resident=self.vram_resident,
+            slot_bytes=self.sizing.slot_bytes, transient_bytes=n.transient_bytes,
+            ferry=n.ferry, ram_bytes=self.ram_bytes,
+        )  # fmt: skip
+
     @property
     def disk_read_per_prompt(self) -> int:
         """Bytes a prompt reads from the disk for it: its streamed share, every read."""
@@ -111,8 +120,8 @@ class GraphPlan:
     def as_dict(self) -> dict[str, Any]:
         on_gpu = self.machine.on_gpu  # the pre-flight's picture (picture.py) reads "waits"
         return {
-            "networks": [{**c.as_dict(), "waits": where_waits(c, on_gpu)} for c in self.choices],
-            "room": machine_room(self),
+            "networks": [{**c.as_dict(), "waits": c.waits(on_gpu)} for c in self.choices],
+            "room": machine_room(self.machine, self.ram_room),
             "peak_ram": self.peak_ram, "peak_vram": self.peak_vram,
             "disk_bytes": self.disk_bytes, "ram_room": self.ram_room, "fits": self.fits,
             "verdict": self.verdict(),

@@ -14,22 +14,23 @@ the headroom, under a RAM budget) and the disk folder's free bytes (None: no fol
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .choose import Choice, GraphPlan
+from ..policy import TierName
+from .facts import MachineFacts
 
 
-def where_waits(c: Choice, on_gpu: bool) -> dict[str, int | None]:
-    n = c.network
-    vram = c.vram_resident + c.sizing.slot_bytes + (n.transient_bytes if n.ferry else 0)
+def where_waits(
+    *, on_gpu: bool, tier: TierName, nbytes: int, vram_resident: int, slot_bytes: int,
+    transient_bytes: int, ferry: bool, ram_bytes: int,
+) -> dict[str, int | None]:  # fmt: skip
+    """A network's bytes by where they wait, from its choice's figures (choose.py's Choice:
+    passed as numbers, so this module does not import the planner that imports it)."""
+    vram = vram_resident + slot_bytes + (transient_bytes if ferry else 0)
     return {
         "vram": vram if on_gpu else None,
-        "ram": c.ram_bytes,
-        "disk": n.nbytes if c.tier == "disk" else 0,
+        "ram": ram_bytes,
+        "disk": nbytes if tier == "disk" else 0,
     }
 
 
-def machine_room(plan: GraphPlan) -> dict[str, int | None]:
-    m = plan.machine
-    return {"vram": m.vram_free, "ram": plan.ram_room, "disk": m.disk_free}
+def machine_room(machine: MachineFacts, ram_room: int) -> dict[str, int | None]:
+    return {"vram": machine.vram_free, "ram": ram_room, "disk": machine.disk_free}
