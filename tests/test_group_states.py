@@ -92,18 +92,32 @@ def test_each_block_is_on_the_device_while_it_computes(tier: str, tmp_path: Path
     assert after[first] in ("d", "f"), after
 
 
+class _Event:
+    """Stands in for a device event (torch.cuda.Event's query())."""
+
+    complete = False
+
+    def query(self) -> bool:
+        return self.complete
+
+
 def test_a_load_whose_bytes_are_not_in_is_in_flight() -> None:
     model, _, _ = _model()
     handle = apply_offload(model, _policy(model, RamTier()), onload_device="cpu")
     try:
         engine = handle._engine
         group = engine.groups[-1]
-        pending: Future[None] = Future()
+        pending: Future[Any] = Future()
         engine.inflight[10_000] = Load(
             Planned(10_000, None, len(engine.groups) - 1), group, None, pending
         )
         assert handle.stats().group_states[-1] == "f"
-        pending.set_result(None)
+        # On an accelerator the read's future holds the copy's device event: in flight
+        # until the event has completed.
+        copy = _Event()
+        pending.set_result(copy)
+        assert handle.stats().group_states[-1] == "f"
+        copy.complete = True
         assert handle.stats().group_states[-1] == "d"
         del engine.inflight[10_000]
         assert handle.stats().group_states[-1] == "w"

@@ -43,6 +43,16 @@ class Load:
     ready: Future[Any]
 
 
+def _arrived(ready: Future[Any]) -> bool:
+    """Whether a load's bytes are in, asked without waiting: its reader is done, and on an
+    accelerator the copy it issued (the device event its future holds) has completed. A
+    failed read is not in (the engine raises it, or repairs the group, when it takes it)."""
+    if not ready.done() or ready.exception() is not None:
+        return False
+    query = getattr(ready.result(), "query", None)  # a device event; None on a CPU
+    return query is None or bool(query())
+
+
 class Engine:
     def __init__(
         self,
@@ -263,7 +273,7 @@ class Engine:
             i = self._ids.get(id(load.group))
             if i is not None:
                 # A group planned twice (a short order wrapping) is in once one load is.
-                arrived = load.ready.done() or states[i] is GroupState.ON_DEVICE
+                arrived = _arrived(load.ready) or states[i] is GroupState.ON_DEVICE
                 states[i] = GroupState.ON_DEVICE if arrived else GroupState.IN_FLIGHT
         if current is not None:
             states[self._ids[id(current.group)]] = GroupState.ON_DEVICE
