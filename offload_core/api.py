@@ -19,6 +19,7 @@ from .policy import DiskTier, OffloadPolicy, parse_whole_number
 from .quant.report import QuantReport
 from .runtime.engine import Engine
 from .runtime.group import GroupRuntime
+from .runtime.group_states import strip
 from .runtime.memory import device_memory, release_freed_memory
 from .runtime.stats import Counters, OffloadStats
 from .sources.checkpoint_origin import CheckpointOrigin
@@ -103,7 +104,16 @@ class OffloadHandle:
             notes=list(self.plan.notes) + self._placement.notes,
             why=self.why,
             layout_id=self.layout_id,
+            group_states=self._group_states(),
         )
+
+    def _group_states(self) -> str:
+        """The strip the UIs draw (runtime/group_states.py); "" once removed."""
+        if self.removed:
+            return ""
+        engine = self._engine  # read once: remove() on another thread sets it to None
+        streamed = engine.group_states() if engine is not None else []
+        return strip([g.resident for g in self.plan.groups], streamed)
 
     @contextlib.contextmanager
     def one_pass(self) -> Iterator[None]:

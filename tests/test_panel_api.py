@@ -185,7 +185,7 @@ def test_apply_reoffloads_the_demo_and_the_monitor_shows_it(
     assert handle.policy == oc.OffloadPolicy(level=oc.BlockLevel(2), tier=oc.RamTier())
     assert client.predict(2, api_name="/run_demo").startswith("✔ ran ")
     running.ctx.monitor.sample_now()
-    _vram, ram, system, table, status = client.predict(api_name="/monitor")
+    _vram, ram, system, table, status, strips = client.predict(api_name="/monitor")
     assert {row[2] for row in ram["data"]} == {
         "own memory",
         "file cache (reclaimable)",
@@ -197,6 +197,8 @@ def test_apply_reoffloads_the_demo_and_the_monitor_shows_it(
     assert row[1] == "ram" and row[2] == "3 (0)" and cells["forwards"] >= 1
     assert cells["why"] == ""  # the panel's Apply chose its settings: no planner sentence
     assert "samples" in status
+    # Its group strip: a cell per group, in the panel's words (web/panel/strip_view.py).
+    assert f"<b>{handle.kind.line_title(handle.name)}</b>" in strips and "waiting" in strips
 
 
 def test_planner_recommends_and_saves_with_one_click(running: RunningPanel, client: Client) -> None:

@@ -145,6 +145,23 @@ def test_planner_runs_from_the_page_with_its_defaults(page: Any) -> None:
     _wait_text(page, "#ferry-plan-saved", "Saved the recommended plan")
 
 
+def test_group_strip_moves_while_the_demo_runs(page: Any) -> None:
+    # The monitor's strip (web/panel/strip_view.py): a cell per group of the demo model,
+    # redrawn every tick from the engine's group states while it runs.
+    strip = "#ferry-group-strips [data-ferry-strip]"
+    page.wait_for_selector(strip)
+    page.click("#ferry-demo-run")
+    seen = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(seen) < 3:
+        seen.add(page.locator(strip).first.get_attribute("data-ferry-strip"))
+        page.wait_for_timeout(250)
+    assert len(seen) >= 3, seen
+    assert all(s and set(s) <= set("rdfw") for s in seen), seen
+    assert "waiting" in page.locator("#ferry-group-strips").inner_text()
+    _wait_text(page, "#ferry-demo-status", "ran")
+
+
 def test_screenshot_artifact(page: Any) -> None:
     out = REPO / "artifacts" / "panel-browser.png"
     out.parent.mkdir(exist_ok=True)

@@ -17,7 +17,7 @@ EVENT = "ferry.stats"
 _OFFLOAD_FIELDS = (
     "device", "level", "tier", "groups", "resident_groups", "prefetch_depth", "forwards",
     "group_loads", "bytes_per_tier", "bytes_h2d", "bytes_disk", "h2d_gbps", "disk_gbps",
-    "transfer_s", "stall_s", "overlap", "peak_vram", "disk_folder",
+    "transfer_s", "stall_s", "overlap", "peak_vram", "disk_folder", "group_states",
 )  # fmt: skip
 
 

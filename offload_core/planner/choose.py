@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..policy import TierName
 from ..units import fmt_bytes
 from .facts import MachineFacts, NetworkFacts
+from .picture import machine_room, where_waits
 from .sizing import Sizing, pace_phrase, size
 from .tiers import Split, disk_takes, fixed_tier, host_bytes, split
 from .timing import Timing, network_timing, per_step, time_sentence
@@ -54,6 +55,15 @@ class Choice:
             "transient_bytes": n.transient_bytes, "reason": self.reason,
             **(self.timing.as_dict() if self.timing else {}),
         }  # fmt: skip
+
+    def waits(self, on_gpu: bool) -> dict[str, int | None]:
+        """Its bytes by where they wait, for the pre-flight's picture (picture.py)."""
+        n = self.network
+        return where_waits(
+            on_gpu=on_gpu, tier=self.tier, nbytes=n.nbytes, vram_resident=self.vram_resident,
+            slot_bytes=self.sizing.slot_bytes, transient_bytes=n.transient_bytes,
+            ferry=n.ferry, ram_bytes=self.ram_bytes,
+        )  # fmt: skip
 
     @property
     def disk_read_per_prompt(self) -> int:
@@ -108,8 +118,10 @@ class GraphPlan:
         )
 
     def as_dict(self) -> dict[str, Any]:
+        on_gpu = self.machine.on_gpu  # the pre-flight's picture (picture.py) reads "waits"
         return {
-            "networks": [c.as_dict() for c in self.choices],
+            "networks": [{**c.as_dict(), "waits": c.waits(on_gpu)} for c in self.choices],
+            "room": machine_room(self.machine, self.ram_room),
             "peak_ram": self.peak_ram, "peak_vram": self.peak_vram,
             "disk_bytes": self.disk_bytes, "ram_room": self.ram_room, "fits": self.fits,
             "verdict": self.verdict(),

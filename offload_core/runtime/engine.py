@@ -25,6 +25,7 @@ from ..transfer.backend import Backend
 from ..transfer.buffers import Slot
 from ..transfer.copies import Transfers
 from .group import GroupRuntime
+from .group_states import GroupState
 from .memory import HeapTrimmer, computes_from_copies
 from .schedule import Phase, Planned, Schedule
 from .stats import Counters
@@ -40,6 +41,16 @@ class Load:
     group: GroupRuntime
     slot: Slot | None  # None for a source computed in place (a mapped file)
     ready: Future[Any]
+
+
+def _arrived(ready: Future[Any]) -> bool:
+    """Whether a load's bytes are in, asked without waiting: its reader is done, and on an
+    accelerator the copy it issued (the device event its future holds) has completed. A
+    failed read is not in (the engine raises it, or repairs the group, when it takes it)."""
+    if not ready.done() or ready.exception() is not None:
+        return False
+    query = getattr(ready.result(), "query", None)  # a device event; None on a CPU
+    return query is None or bool(query())
 
 
 class Engine:
@@ -248,6 +259,25 @@ class Engine:
             )
         self._drop(dropped)
         self._start(planned)
+
+    # -- what a UI shows ----------------------------------------------------------------------
+    def group_states(self) -> list[GroupState]:
+        """Each streamed group's state now (group_states.py), for a reader on another
+        thread: the dict and the current load are read once each (a copy under the GIL), so
+        a transition on the compute thread meanwhile gives a state a moment old, never an
+        error."""
+        current = self.current
+        loads = list(self.inflight.values())
+        states = [GroupState.WAITING] * len(self.groups)
+        for load in loads:
+            i = self._ids.get(id(load.group))
+            if i is not None:
+                # A group planned twice (a short order wrapping) is in once one load is.
+                arrived = _arrived(load.ready) or states[i] is GroupState.ON_DEVICE
+                states[i] = GroupState.ON_DEVICE if arrived else GroupState.IN_FLIGHT
+        if current is not None:
+            states[self._ids[id(current.group)]] = GroupState.ON_DEVICE
+        return states
 
     # -- teardown -------------------------------------------------------------------------
     def quiesce(self) -> None:

@@ -90,6 +90,10 @@ class OffloadStats:
     #: This layout's number in the process, never reused: what a host keys per-layout state
     #: by (a name comes back when a network is laid out again).
     layout_id: int = 0
+    #: Where each group is now, one letter per group in the plan's order
+    #: (runtime/group_states.py: r resident, d on the device, f in flight, w waiting); "" once
+    #: removed.
+    group_states: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

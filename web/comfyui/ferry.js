@@ -9,6 +9,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { el, fmtBytes } from "./ferry_dom.js";
 import { planSection } from "./ferry_plan.js";
+import { groupStrip } from "./ferry_pictures.js";
 
 const EXT = "Ferry.Sidebar";
 const SETTING_POLL = "Ferry.Sidebar.PollSeconds";
@@ -124,6 +125,8 @@ function renderOffload(o) {
     row(t("groups"), t("groupsValue", { groups: o.groups, resident: o.resident_groups })),
     row(t("prefetch"), String(o.prefetch_depth)),
   );
+  // Where each group is now (ferry_pictures.js), from the pushed stats.
+  if (o.group_states) card.append(groupStrip(o.group_states, t));
   for (const [tier, bytes] of Object.entries(o.tiers || {})) card.append(row(t("weightsOn", { tier }), fmtBytes(bytes)));
   card.append(
     row(t("bytesMoved"), fmtBytes(o.bytes_moved)),

@@ -8,6 +8,7 @@
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { el as node, fmtBytes as gib } from "./ferry_dom.js";
+import { planPicture } from "./ferry_pictures.js";
 
 const plan = { result: null, status: "" };
 let t = (key) => key; // ferry.js's translator, set by planSection
@@ -51,7 +52,7 @@ function budgetBox(redraw) {
   return node("div", { class: "ferry-budgets" }, `${t("budgetVram")} `, vram, ` ${t("budgetRam")} `, ram, " ", save);
 }
 
-function networkCard(n) {
+function networkCard(n, room) {
   const file = (n.files || []).map((f) => f.split(/[\\/]/).pop()).join(" + ");
   return node(
     "div",
@@ -59,6 +60,7 @@ function networkCard(n) {
     node("div", { class: "ferry-name" }, `${n.title} → ${n.tier}`),
     node("div", { class: "ferry-muted" }, `${file}, ${gib(n.bytes)}${n.ferry_node ? "" : ` (${t("noFerryNode")})`}`),
     node("div", { class: "ferry-why" }, n.reason),
+    planPicture(n, room, t), // its bars and time (ferry_pictures.js)
   );
 }
 
@@ -74,7 +76,7 @@ function drawResult(out) {
     // The planner's predicted time, said (in its own words) for what it is: transfer-bound
     // until a prompt measured compute.
     if (p.time) children.push(node("div", { class: "ferry-muted", "data-ferry-time": "" }, p.time));
-    for (const n of p.networks) children.push(networkCard(n));
+    for (const n of p.networks) children.push(networkCard(n, p.room));
   }
   out.replaceChildren(...children);
 }

@@ -16,6 +16,7 @@ from ...offload_core.tools.monitor import Snapshot
 from ...offload_core.units import GIB
 from .compat import private_api
 from .context import PanelContext
+from .strip_view import strips_html
 
 WINDOW_S = 300.0
 
@@ -88,7 +89,7 @@ def status_line(snap: Snapshot) -> str:
 
 def tick(
     ctx: PanelContext,
-) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[list[Any]], str]:
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[list[Any]], str, str]:
     snap = ctx.monitor.snapshot(last_s=WINDOW_S)
     return (
         series_frame(snap, VRAM_SERIES),
@@ -96,6 +97,7 @@ def tick(
         series_frame(snap, SYSTEM_SERIES),
         offload_rows(snap),
         status_line(snap),
+        strips_html(snap),  # where each group is now (strip_view.py)
     )
 
 
@@ -127,7 +129,12 @@ def build_monitor_tab(ctx: PanelContext, demo: gr.Blocks) -> None:
         "the GPU sat idle for them)"
     )
     table = gr.Dataframe(headers=OFFLOAD_COLUMNS, interactive=False, elem_id="ferry-offloads")
-    outputs = [vram, ram, system, table, status]
+    gr.Markdown(
+        "**Where each group is now** (one cell per group: green on the device, amber in flight, "
+        "grey waiting in RAM or on disk, dark green resident)"
+    )
+    strips = gr.HTML(elem_id="ferry-group-strips")
+    outputs = [vram, ram, system, table, status, strips]
     timer = gr.Timer(1.0)
     timer.tick(lambda: tick(ctx), outputs=outputs, api_name="monitor", show_progress="hidden")
     # First paint without waiting a second for the timer.
