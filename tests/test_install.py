@@ -61,3 +61,17 @@ def test_in_a_bare_python_it_installs_what_is_missing_and_no_torch(tmp_path: Pat
         [py, str(INSTALL)], capture_output=True, text=True, timeout=120, check=True
     )
     assert again.stdout == ""
+
+
+def test_requirements_txt_is_pyprojects_dependencies_and_no_gradio() -> None:
+    """ComfyUI-Manager pip-installs requirements.txt into ComfyUI's Python, the Registry reads
+    pyproject's dependencies: both the same three, and never the optional panel's gradio (it
+    brought 21 packages and a pillow downgrade into ComfyUI: docs/installers.md)."""
+    import tomllib
+
+    root = INSTALL.parent
+    lines = (root / "requirements.txt").read_text().splitlines()
+    reqs = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert sorted(reqs) == sorted(deps)
+    assert not any(r.lower().startswith(("gradio", "torch")) for r in reqs)
