@@ -19,9 +19,11 @@ from ...offload_core.errors import ConfigError
 from ...offload_core.formats.weight_dtypes import WEIGHT_DTYPES
 from ...offload_core.offload_kind import OffloadKind
 from ...offload_core.planner.facts import Kind, NetworkFacts, Wish
+from ...offload_core.planner.group_files import group_files
 from ...offload_core.planner.network_file import network_from_file
 from ...offload_core.planner.stored_sizes import CORE_FORMATS
 from ...seam import site
+from .group_source import planned_source
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,17 @@ def _facts(
     )
 
 
+def _in_place(
+    prompt: dict[str, Any], ferry_id: str | None, loader: str, facts: NetworkFacts, find: Find
+) -> bool:
+    """Whether the disk tier reads the network in place: the same answer the run takes
+    (group_source.py for the file, planner/group_files.py for the bytes); ``facts.in_place``
+    says, from the header, whether the host holds it as its file stores it."""
+    key = FERRY_NODES[prompt[ferry_id]["class_type"]][0] if ferry_id else ""
+    source = planned_source(prompt, ferry_id, key, loader, facts.file, find, LOADERS)
+    return group_files(source, [(facts.nbytes, facts.in_place)]).in_place
+
+
 def prompt_networks(
     prompt: dict[str, Any],
     find: Find,
@@ -238,7 +251,13 @@ def prompt_networks(
             ferry_id = ferry_of.get((loader_id, spec.kind))
             wish = wish_of(prompt[ferry_id].get("inputs", {})) if ferry_id else Wish()
             reads = steps if facts.kind.per_step else 1.0
-            facts = replace(facts, wish=wish, ferry=ferry_id is not None, reads_per_prompt=reads)
+            facts = replace(
+                facts,
+                wish=wish,
+                ferry=ferry_id is not None,
+                reads_per_prompt=reads,
+                in_place=_in_place(prompt, ferry_id, node["class_type"], facts, find),
+            )
             files = tuple((facts.file or "").split(" + "))
             out.append(PromptNetwork(loader_id, ferry_id, files, facts))
     return sorted(out, key=lambda n: (n.facts.kind.plan_order, n.loader_id))
