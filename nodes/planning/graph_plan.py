@@ -25,6 +25,7 @@ import torch
 from ...offload_core.offload_kind import OffloadKind
 from ...offload_core.planner import Choice, GraphPlan, MachineFacts, disk_speed, plan_graph
 from ...offload_core.planner.facts import Kind, Wish
+from ...offload_core.planner.loader_costs import LoaderCost, loader_cost
 from ...offload_core.planner.machine import read_machine
 from ...offload_core.runtime.memory import process_memory
 from ...offload_core.tools.monitor import read_offloads
@@ -79,6 +80,15 @@ def _keeps() -> tuple[str, ...]:
     return ("fp8_scaled", "comfy_quant") if hasattr(comfy.utils, "convert_old_quants") else (
         "fp8_scaled",
     )  # fmt: skip
+
+
+def _loader_cost(loader: str) -> LoaderCost | None:
+    """``loader``'s RAM while it loads on this core (planner/loader_costs.py's row)."""
+    try:
+        from comfyui_version import __version__  # ComfyUI's root module: the core's version
+    except ImportError:
+        return None
+    return loader_cost(loader, str(__version__))
 
 
 def find_model_file(folder: str, name: str) -> str | None:
@@ -165,7 +175,7 @@ def plan_prompt(
     held = held or {}
     networks = [
         replace(n, facts=replace(n.facts, held_bytes=held.get(n.ferry_id or "", 0)))
-        for n in prompt_networks(prompt, find_model_file, _cast, wish_of, _keeps())
+        for n in prompt_networks(prompt, find_model_file, _cast, wish_of, _keeps(), _loader_cost)
     ]
     machine = host_machine(_disk_folder(prompt, default_folder), budgets)
     process = max(0, process_memory().rss - sum(n.facts.held_bytes for n in networks))

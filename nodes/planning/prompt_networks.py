@@ -20,6 +20,7 @@ from ...offload_core.formats.weight_dtypes import WEIGHT_DTYPES
 from ...offload_core.offload_kind import OffloadKind
 from ...offload_core.planner.facts import Kind, NetworkFacts, Wish
 from ...offload_core.planner.group_files import group_files
+from ...offload_core.planner.loader_costs import LoaderCost
 from ...offload_core.planner.network_file import network_from_file
 from ...offload_core.planner.stored_sizes import CORE_FORMATS
 from ...seam import site
@@ -93,6 +94,8 @@ Find = Callable[[str, str], "str | None"]
 #: ``cast(kind)`` -> how the host loads that kind's floating weights: a dtype, None (as
 #: stored), or a rule of the file's dtype and size (``network_from_file``'s ``cast``).
 Cast = Callable[[Kind], "torch.dtype | Callable[[torch.dtype, int], torch.dtype | None] | None"]
+#: ``costs(loader class)`` -> its RAM while loading on this host, or None (no row).
+Costs = Callable[[str], "LoaderCost | None"]
 #: ``wish(inputs)`` -> what a Ferry node's widgets ask for (ConfigError naming a widget).
 WishOf = Callable[[dict[str, Any]], Wish]
 
@@ -216,16 +219,29 @@ def _in_place(
     return group_files(source, [(facts.nbytes, facts.in_place)]).in_place
 
 
+def _with_load_cost(
+    facts: NetworkFacts, loader: str, files: tuple[str, ...], costs: Costs
+) -> NetworkFacts:
+    """``facts`` with the RAM its loader takes while it reads its files, where known."""
+    cost = costs(loader)
+    if cost is None:
+        return facts
+    stored = sum(os.path.getsize(f) for f in files if f and os.path.isfile(f))
+    return replace(facts, load_peak_bytes=int(cost.peak * stored), load_said=cost.sentence(loader))
+
+
 def prompt_networks(
     prompt: dict[str, Any],
     find: Find,
     cast: Cast,
     wish_of: WishOf,
     keeps: Collection[str] = CORE_FORMATS,
+    costs: Costs = lambda loader: None,
 ) -> list[PromptNetwork]:
     """Every network ``prompt`` loads, Ferry's or not: diffusion models, text encoders,
     ControlNets, model patches, CLIP vision models, VAEs. ``keeps``: core's quantized
-    formats this host loads as such (planner/stored_sizes.py)."""
+    formats this host loads as such (planner/stored_sizes.py); ``costs``: each loader's
+    RAM while it loads on this host (planner/loader_costs.py)."""
     if not isinstance(prompt, dict):
         raise ConfigError(
             "prompt", "send the workflow in API format: {node id: {class_type, inputs}}"
@@ -259,5 +275,6 @@ def prompt_networks(
                 in_place=_in_place(prompt, ferry_id, node["class_type"], facts, find),
             )
             files = tuple((facts.file or "").split(" + "))
+            facts = _with_load_cost(facts, node["class_type"], files, costs)
             out.append(PromptNetwork(loader_id, ferry_id, files, facts))
     return sorted(out, key=lambda n: (n.facts.kind.plan_order, n.loader_id))
