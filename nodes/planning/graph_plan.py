@@ -25,7 +25,7 @@ import torch
 from ...offload_core.offload_kind import OffloadKind
 from ...offload_core.planner import Choice, GraphPlan, MachineFacts, disk_speed, plan_graph
 from ...offload_core.planner.facts import Kind, Wish
-from ...offload_core.planner.loader_costs import LoaderCost, loader_cost
+from ...offload_core.planner.loader_costs import LoaderCost, load_sentence, loader_cost
 from ...offload_core.planner.machine import read_machine
 from ...offload_core.runtime.memory import process_memory
 from ...offload_core.tools.monitor import read_offloads
@@ -82,13 +82,15 @@ def _keeps() -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def _loader_cost(loader: str) -> LoaderCost | None:
-    """``loader``'s RAM while it loads on this core (planner/loader_costs.py's row)."""
+def _loader_cost(loader: str) -> tuple[LoaderCost, str] | None:
+    """``loader``'s RAM while it loads on this core and its sentence (loader_costs.py)."""
     try:
         from comfyui_version import __version__  # ComfyUI's root module: the core's version
     except ImportError:
         return None
-    return loader_cost(loader, str(__version__))
+    cost = loader_cost(loader, str(__version__))
+    said = load_sentence(loader, str(__version__))
+    return None if cost is None or said is None else (cost, said)
 
 
 def find_model_file(folder: str, name: str) -> str | None:

@@ -94,8 +94,9 @@ Find = Callable[[str, str], "str | None"]
 #: ``cast(kind)`` -> how the host loads that kind's floating weights: a dtype, None (as
 #: stored), or a rule of the file's dtype and size (``network_from_file``'s ``cast``).
 Cast = Callable[[Kind], "torch.dtype | Callable[[torch.dtype, int], torch.dtype | None] | None"]
-#: ``costs(loader class)`` -> its RAM while loading on this host, or None (no row).
-Costs = Callable[[str], "LoaderCost | None"]
+#: ``costs(loader class)`` -> its RAM while loading on this host and the sentence saying it,
+#: or None (no row).
+Costs = Callable[[str], "tuple[LoaderCost, str] | None"]
 #: ``wish(inputs)`` -> what a Ferry node's widgets ask for (ConfigError naming a widget).
 WishOf = Callable[[dict[str, Any]], Wish]
 
@@ -223,11 +224,12 @@ def _with_load_cost(
     facts: NetworkFacts, loader: str, files: tuple[str, ...], costs: Costs
 ) -> NetworkFacts:
     """``facts`` with the RAM its loader takes while it reads its files, where known."""
-    cost = costs(loader)
-    if cost is None:
+    known = costs(loader)
+    if known is None:
         return facts
+    cost, said = known
     stored = sum(os.path.getsize(f) for f in files if f and os.path.isfile(f))
-    return replace(facts, load_peak_bytes=int(cost.peak * stored), load_said=cost.sentence(loader))
+    return replace(facts, load_peak_bytes=int(cost.peak * stored), load_said=said)
 
 
 def prompt_networks(

@@ -47,6 +47,24 @@ LOADER_COSTS: dict[tuple[str, str], LoaderCost] = {
 }
 
 
+#: Core's loaders and Ferry's loader of the same files, named where the core's copies.
+FERRYS_INSTEAD = {"UNETLoader": ("FerryLoadDiffusionModelQuantized", "Ferry's loader")}
+
+
+def load_sentence(loader: str, core_version: str) -> str | None:
+    """The pre-flight's sentence of ``loader``'s cost on this core, naming Ferry's loader of
+    the same file where that one maps what this one copies; None: no row."""
+    cost = loader_cost(loader, core_version)
+    if cost is None:
+        return None
+    said = cost.sentence(loader)
+    ferrys, name = FERRYS_INSTEAD.get(loader, ("", ""))
+    instead = loader_cost(ferrys, core_version) if ferrys else None
+    if not cost.mapped and instead is not None and instead.mapped:
+        said += f"; {name} maps it (peak {instead.peak:.2f}x)"
+    return said
+
+
 def loader_cost(loader: str, core_version: str) -> LoaderCost | None:
     """``loader``'s row for the core ``core_version`` ("0.3.64"), or None."""
     try:
