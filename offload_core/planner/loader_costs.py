@@ -36,7 +36,8 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
 
 
-#: (loader class, oldest core) -> its cost, as the test printed it (a ~400 MiB float32 SD3
+#: (loader class, oldest core) -> its cost, as the test printed it on v0.3.64; v0.8.0 and
+#: v0.33.0 measured the same within the test's bounds (2026-11-29; a ~400 MiB float32 SD3
 #: for the safetensors loaders, which every core keeps in float32 on a CPU; a ~424 MiB Q8_0
 #: Wan for ComfyUI-GGUF). A loader that casts (a bf16 file held in float32) holds the cast
 #: copy besides: ``held`` is of a file kept in its stored dtype.

@@ -1,9 +1,9 @@
 """Each loader's own RAM cost on this core, against the table the pre-flight plans with
 (offload_core/planner/loader_costs.py; issue 47).
 
-For each loader, a fresh ComfyUI (so nothing earlier is cached) runs a prompt of that loader
-alone (its network held by a test output node, as the cache keeps it for the prompt that
-follows). The server's RssAnon is sampled every 5 ms from outside: its peak while the loader
+One ComfyUI runs, for each loader in turn, a prompt of that loader (its network held by a
+test output node) beside the loaders measured before it, unchanged, so their networks stay
+cached and nothing but the new loader runs. The server's RssAnon is sampled every 5 ms from outside: its peak while the loader
 runs and what stays after, less what the idle server held, are the loader's cost. The test
 fails where a figure leaves the table's by more than 15 % (or 64 MiB, where that is more).
 
@@ -21,6 +21,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,31 +97,39 @@ class Sampler:
         return self.peak
 
 
-def measure(base: Path, loader: str) -> tuple[LoaderCost, int]:
-    """The loader's cost on this core, measured in a fresh server, and its file's size."""
-    file, inputs = LOADERS[loader]
-    folder = "diffusion_models"
-    size = (base / "models" / folder / file).stat().st_size
+@pytest.fixture(scope="module")
+def server(base: Path) -> Iterator[Any]:
+    """One server for every loader (each start takes minutes on a busy machine)."""
     comfy, py = comfy_checkout()
     srv = start_server(comfy, py, base)
     try:
-        client = Client(srv.url)
-        time.sleep(2.0)  # the server settles after its first answer
-        idle = rss_anon(srv.proc.pid)
-        g = {
-            "1": {"class_type": loader, "inputs": inputs},
-            "2": {"class_type": "FerryTestHold", "inputs": {"model": ["1", 0]}},
-        }
-        sampler = Sampler(srv.proc.pid)
-        entry = client.run(g)
-        peak = sampler.stop()
-        assert entry["status"]["status_str"] == "success", (
-            f"{error_message(entry)}\n{srv.log_tail()}"
-        )
-        time.sleep(1.0)
-        after = rss_anon(srv.proc.pid)
+        yield srv
     finally:
         stop_server(srv)
+
+
+#: The prompt so far: each loader measured stays in it, with its hold node, so ComfyUI's cache
+#: keeps its network (unchanged nodes are not run again, nor their outputs dropped) and the
+#: next loader's figures are its own.
+PROMPT: dict[str, Any] = {}
+
+
+def measure(base: Path, srv: Any, loader: str) -> tuple[LoaderCost, int]:
+    """The loader's cost on this core, and its file's size."""
+    file, inputs = LOADERS[loader]
+    size = (base / "models" / "diffusion_models" / file).stat().st_size
+    client = Client(srv.url)
+    time.sleep(2.0)  # the server settles after its first answer, or the last prompt
+    idle = rss_anon(srv.proc.pid)
+    n = len(PROMPT)
+    PROMPT[str(n + 1)] = {"class_type": loader, "inputs": inputs}
+    PROMPT[str(n + 2)] = {"class_type": "FerryTestHold", "inputs": {"model": [str(n + 1), 0]}}
+    sampler = Sampler(srv.proc.pid)
+    entry = client.run(PROMPT)
+    peak = sampler.stop()
+    assert entry["status"]["status_str"] == "success", f"{error_message(entry)}\n{srv.log_tail()}"
+    time.sleep(1.0)
+    after = rss_anon(srv.proc.pid)
     mapped = after - idle < size / 2
     return LoaderCost(mapped, (peak - idle) / size, (after - idle) / size), size
 
@@ -131,11 +140,11 @@ def within(measured: float, table: float, size: int) -> bool:
 
 
 @pytest.mark.parametrize("loader", list(LOADERS))
-def test_a_loaders_ram_is_the_tables(base: Path, loader: str) -> None:
+def test_a_loaders_ram_is_the_tables(base: Path, server: Any, loader: str) -> None:
     if loader == "UnetLoaderGGUF" and not GGUF_PACK:
         pytest.skip("set FERRY_COMFYUI_GGUF to a ComfyUI-GGUF checkout to measure its loader")
     version = core_version()
-    got, size = measure(base, loader)
+    got, size = measure(base, server, loader)
     table = loader_cost(loader, version)
     print(
         f"| {version} | {loader} | {size / MIB:.0f} MiB | "
