@@ -58,8 +58,13 @@ def plan_group_files(plan: OffloadPlan) -> GroupFiles:
     notes: list[str] = []
     with origin.opened(plan, notes):
         as_stored = [
-            (g.nbytes, not gp.resident and origin.verbatim(g.entries))
+            (g.nbytes, origin.verbatim(g.entries))
             for g, gp in zip(plan.grouping.groups, plan.groups)
             if not gp.resident
         ]
-    return group_files(source if origin.index is not None else None, as_stored)
+    # The origin is the judge of what is read in place (the file named, or one the weights
+    # are still a mapping of): a group it reads from a file has a source.
+    read = any(v for _, v in as_stored)
+    return group_files(
+        (source or "the file the weights are a mapping of") if read else None, as_stored
+    )
