@@ -20,12 +20,15 @@ from .offload_inputs import NodeText, offload_schema
 from .patcher.dynamic import DYNAMIC_VRAM_HELP
 from .patcher.patcher import ferry_clone
 from .planning.config import ComfyOffload, NodeSettings, check_disk_folder
+from .planning.graph_plan import find_model_file
+from .planning.group_source import core_loader_file
 from .planning.offload_policy import (
     check_against_model,
     default_disk_path,
     node_policy,
     settings_fingerprint,
 )
+from .planning.prompt_networks import LOADERS
 
 NODE_ID = "FerryOffloadModel"  # stable forever: saved workflows refer to it
 
@@ -47,7 +50,8 @@ class FerryOffloadNode(io.ComfyNode):
     def execute(cls, use_panel_settings: bool, **inputs: Any) -> io.NodeOutput:
         obj = inputs.pop(cls.SITE.control)  # the rest are the widgets, parsed once here
         settings = None if use_panel_settings else NodeSettings.parse(inputs)
-        return cls.offload(obj, cls.name_of(obj), settings, cls.source_of(obj))
+        source = cls.source_of(obj) or cls.loaded_from(obj)
+        return cls.offload(obj, cls.name_of(obj), settings, source)
 
     @classmethod
     def name_of(cls, obj: Any) -> str:
@@ -59,6 +63,17 @@ class FerryOffloadNode(io.ComfyNode):
     def source_of(cls, obj: Any) -> str | None:
         """The file the network's weights are in as they are (None: none Ferry reads)."""
         return None
+
+    @classmethod
+    def loaded_from(cls, obj: Any) -> str | None:
+        """The file the core loader before this node read the network from, by the prompt's
+        inputs, as the pre-flight finds it (planning/group_source.py): the disk tier reads
+        the groups that are still that file's bytes from it. None: none to read."""
+        if getattr(cls.SITE.patcher_of(obj), "patches", None):
+            return None  # patched weights are not the file's
+        hidden = getattr(cls, "hidden", None)
+        prompt, node_id = getattr(hidden, "prompt", None), getattr(hidden, "unique_id", None)
+        return core_loader_file(prompt, node_id, cls.SITE.control, find_model_file, LOADERS)
 
     @classmethod
     def fingerprint_inputs(cls, use_panel_settings: bool, **kwargs: object) -> object:

@@ -25,6 +25,7 @@ import torch
 from ...offload_core.offload_kind import OffloadKind
 from ...offload_core.planner import Choice, GraphPlan, MachineFacts, disk_speed, plan_graph
 from ...offload_core.planner.facts import Kind, Wish
+from ...offload_core.planner.loader_costs import LoaderCost, load_sentence, loader_cost
 from ...offload_core.planner.machine import read_machine
 from ...offload_core.runtime.memory import process_memory
 from ...offload_core.tools.monitor import read_offloads
@@ -81,7 +82,19 @@ def _keeps() -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def _find(folder: str, name: str) -> str | None:
+def _loader_cost(loader: str) -> tuple[LoaderCost, str] | None:
+    """``loader``'s RAM while it loads on this core and its sentence (loader_costs.py)."""
+    try:
+        from comfyui_version import __version__  # ComfyUI's root module: the core's version
+    except ImportError:
+        return None
+    cost = loader_cost(loader, str(__version__))
+    said = load_sentence(loader, str(__version__))
+    return None if cost is None or said is None else (cost, said)
+
+
+def find_model_file(folder: str, name: str) -> str | None:
+    """The full path of the model file ``name`` in ComfyUI's ``folder``; None: not there."""
     try:
         return folder_paths.get_full_path(folder, name)  # type: ignore[no-any-return]
     except KeyError:  # a folder name this core does not know (a pack's, not installed)
@@ -164,7 +177,7 @@ def plan_prompt(
     held = held or {}
     networks = [
         replace(n, facts=replace(n.facts, held_bytes=held.get(n.ferry_id or "", 0)))
-        for n in prompt_networks(prompt, _find, _cast, wish_of, _keeps())
+        for n in prompt_networks(prompt, find_model_file, _cast, wish_of, _keeps(), _loader_cost)
     ]
     machine = host_machine(_disk_folder(prompt, default_folder), budgets)
     process = max(0, process_memory().rss - sum(n.facts.held_bytes for n in networks))

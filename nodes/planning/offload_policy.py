@@ -14,6 +14,7 @@ import folder_paths
 from ...offload_core import ConfigError, DiskTier, OffloadPolicy
 from ...offload_core.planner import Choice, NetworkFacts
 from ...offload_core.planner.facts import Kind
+from ...offload_core.planner.group_files import plan_group_files
 from ...offload_core.tools.settings_file import default_settings_path, load_settings
 from ..input_error import NodeInputError, as_node_error
 from ..loading.stream_loader import bytes_to_write
@@ -70,7 +71,9 @@ def check_against_model(out: Any, config: ComfyOffload, use_panel_settings: bool
     if isinstance(tier, DiskTier):
         try:
             written = bytes_to_write(out, plan)
-            check_disk_folder(tier.path, plan.offloaded_bytes if written is None else written)
+            if written is None:  # the run's answer, as the pre-flight's (group_files.py)
+                written = plan_group_files(plan).written
+            check_disk_folder(tier.path, written)
         except NodeInputError as e:
             if use_panel_settings:
                 raise NodeInputError("use_panel_settings", f"the panel's {e}") from None

@@ -19,9 +19,12 @@ from ...offload_core.errors import ConfigError
 from ...offload_core.formats.weight_dtypes import WEIGHT_DTYPES
 from ...offload_core.offload_kind import OffloadKind
 from ...offload_core.planner.facts import Kind, NetworkFacts, Wish
+from ...offload_core.planner.group_files import group_files
+from ...offload_core.planner.loader_costs import LoaderCost
 from ...offload_core.planner.network_file import network_from_file
 from ...offload_core.planner.stored_sizes import CORE_FORMATS
 from ...seam import site
+from .group_source import planned_source
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,9 @@ Find = Callable[[str, str], "str | None"]
 #: ``cast(kind)`` -> how the host loads that kind's floating weights: a dtype, None (as
 #: stored), or a rule of the file's dtype and size (``network_from_file``'s ``cast``).
 Cast = Callable[[Kind], "torch.dtype | Callable[[torch.dtype, int], torch.dtype | None] | None"]
+#: ``costs(loader class)`` -> its RAM while loading on this host and the sentence saying it,
+#: or None (no row).
+Costs = Callable[[str], "tuple[LoaderCost, str] | None"]
 #: ``wish(inputs)`` -> what a Ferry node's widgets ask for (ConfigError naming a widget).
 WishOf = Callable[[dict[str, Any]], Wish]
 
@@ -203,16 +209,41 @@ def _facts(
     )
 
 
+def _in_place(
+    prompt: dict[str, Any], ferry_id: str | None, loader: str, facts: NetworkFacts, find: Find
+) -> bool:
+    """Whether the disk tier reads the network in place: the same answer the run takes
+    (group_source.py for the file, planner/group_files.py for the bytes); ``facts.in_place``
+    says, from the header, whether the host holds it as its file stores it."""
+    key = FERRY_NODES[prompt[ferry_id]["class_type"]][0] if ferry_id else ""
+    source = planned_source(prompt, ferry_id, key, loader, facts.file, find, LOADERS)
+    return group_files(source, [(facts.nbytes, facts.in_place)]).in_place
+
+
+def _with_load_cost(
+    facts: NetworkFacts, loader: str, files: tuple[str, ...], costs: Costs
+) -> NetworkFacts:
+    """``facts`` with the RAM its loader takes while it reads its files, where known."""
+    known = costs(loader)
+    if known is None:
+        return facts
+    cost, said = known
+    stored = sum(os.path.getsize(f) for f in files if f and os.path.isfile(f))
+    return replace(facts, load_peak_bytes=int(cost.peak * stored), load_said=said)
+
+
 def prompt_networks(
     prompt: dict[str, Any],
     find: Find,
     cast: Cast,
     wish_of: WishOf,
     keeps: Collection[str] = CORE_FORMATS,
+    costs: Costs = lambda loader: None,
 ) -> list[PromptNetwork]:
     """Every network ``prompt`` loads, Ferry's or not: diffusion models, text encoders,
     ControlNets, model patches, CLIP vision models, VAEs. ``keeps``: core's quantized
-    formats this host loads as such (planner/stored_sizes.py)."""
+    formats this host loads as such (planner/stored_sizes.py); ``costs``: each loader's
+    RAM while it loads on this host (planner/loader_costs.py)."""
     if not isinstance(prompt, dict):
         raise ConfigError(
             "prompt", "send the workflow in API format: {node id: {class_type, inputs}}"
@@ -238,7 +269,14 @@ def prompt_networks(
             ferry_id = ferry_of.get((loader_id, spec.kind))
             wish = wish_of(prompt[ferry_id].get("inputs", {})) if ferry_id else Wish()
             reads = steps if facts.kind.per_step else 1.0
-            facts = replace(facts, wish=wish, ferry=ferry_id is not None, reads_per_prompt=reads)
+            facts = replace(
+                facts,
+                wish=wish,
+                ferry=ferry_id is not None,
+                reads_per_prompt=reads,
+                in_place=_in_place(prompt, ferry_id, node["class_type"], facts, find),
+            )
             files = tuple((facts.file or "").split(" + "))
+            facts = _with_load_cost(facts, node["class_type"], files, costs)
             out.append(PromptNetwork(loader_id, ferry_id, files, facts))
     return sorted(out, key=lambda n: (n.facts.kind.plan_order, n.loader_id))

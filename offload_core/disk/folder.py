@@ -3,7 +3,8 @@ written, or a clear error.
 
 The checks run in order and each names ``disk_path``: not a file, creatable, writable (a real
 write: permissions can lie on read-only mounts and ACLs), and room for the group files plus
-``SPACE_MARGIN`` (so Ferry never fills a disk to the last byte).
+``SPACE_MARGIN`` (so Ferry never fills a disk to the last byte); a layout that writes no group
+file (every group read from its own file in place) needs no room.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ from ..units import fmt_bytes
 
 #: Free space kept beside the group files, so Ferry never fills a disk to the last byte.
 SPACE_MARGIN = 64 << 20
+
+
+def room_needed(written: int) -> int:
+    """Free bytes a folder needs for ``written`` bytes of group files: those and the margin,
+    or none where nothing is written. The run's checks and the planner's (planner/tiers.py)
+    both ask this, so a plan that fits is not refused by the run."""
+    return written + SPACE_MARGIN if written > 0 else 0
 
 
 #: Windows' classic path limit (MAX_PATH, 260 with the final NUL), and what Ferry adds under
@@ -71,7 +79,7 @@ def check_room(root: Path, need_bytes: int, reclaim: int) -> None:
     """Room for ``need_bytes`` of group files, counting ``reclaim`` bytes of Ferry's own old
     files that will be replaced."""
     free = shutil.disk_usage(root).free + reclaim
-    if free < need_bytes + SPACE_MARGIN:
+    if free < room_needed(need_bytes):
         raise DiskPathError(
             "disk_path",
             f"{root} has {fmt_bytes(free)} free but the offloaded groups need "
@@ -160,7 +168,7 @@ def _room_verdict(path: Path, free: int, needed: int | None) -> FolderCheck:
     state = "exists and is writable" if path.exists() else "will be created"
     if needed is None:
         return FolderCheck(True, f"{path} {state}; {fmt_bytes(free)} free", path, free)
-    if free < needed + SPACE_MARGIN:
+    if free < room_needed(needed):
         return FolderCheck(
             False,
             f"{path} has {fmt_bytes(free)} free, the offloaded groups need {fmt_bytes(needed)} "

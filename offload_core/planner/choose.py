@@ -52,7 +52,8 @@ class Choice:
             "prefetch_depth": self.prefetch_depth, "group_bytes": self.sizing.group_bytes,
             "vram_resident": self.vram_resident, "ram_bytes": self.ram_bytes,
             "disk_bytes": self.disk_bytes, "disk_read_per_prompt": self.disk_read_per_prompt,
-            "transient_bytes": n.transient_bytes, "reason": self.reason,
+            "transient_bytes": n.transient_bytes, "load_peak_bytes": n.load_peak_bytes,
+            "reason": self.reason,
             **(self.timing.as_dict() if self.timing else {}),
         }  # fmt: skip
 
@@ -190,11 +191,12 @@ def plan_graph(
     ]
     need = sum(c.ram_bytes for c in choices)
     warning = _short_of_ram(nets, machine, need, room) if refusal is None else None
+    choices = tuple(_said_loading(c) for c in choices)
     return GraphPlan(
         machine=machine,
         choices=choices,
         ram_room=room,
-        peak_ram=process_ram + sum(c.ram_bytes for c in choices),
+        peak_ram=process_ram + max(need, _loading_peak(choices)),
         peak_vram=max(vram, default=0) if machine.on_gpu else None,
         disk_bytes=sum(c.disk_bytes for c in choices),
         refusal=refusal,
@@ -220,6 +222,20 @@ def _short_of_ram(
             else "give a disk folder with room (disk_path)"
         )
     )
+
+
+def _loading_peak(choices: tuple[Choice, ...]) -> int:
+    """The RAM of the networks while the costliest loader runs: its loader's peak
+    (loader_costs.py) in place of what the network holds once laid out, the others as
+    they are (counted as loaded already: the host may load them in any order)."""
+    need = sum(c.ram_bytes for c in choices)
+    return max((need - c.ram_bytes + c.network.load_peak_bytes for c in choices), default=0)
+
+
+def _said_loading(c: Choice) -> Choice:
+    """The choice's sentence with what its loader costs while it loads, where known."""
+    said = c.network.load_said
+    return replace(c, reason=f"{c.reason}; {said}") if said else c
 
 
 def _timed(c: Choice, machine: MachineFacts) -> Choice:

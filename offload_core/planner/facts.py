@@ -83,6 +83,10 @@ class NetworkFacts:
     #: Its largest layer's dequantized copy in the compute dtype, made while that layer
     #: computes (a quantized format's: stored_sizes.py); memory of the onload device.
     transient_bytes: int = 0
+    #: RAM its loader adds while it reads the file, and the pre-flight's sentence of it
+    #: (loader_costs.py's table; 0 and None: no row for its loader on this host).
+    load_peak_bytes: int = 0
+    load_said: str | None = None
 
     def __post_init__(self) -> None:
         # A kind's value ("text_encoder") is taken for its row, so every reader gets the row.

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import product
 
+from ..disk.folder import room_needed
 from ..policy import TierName
 from ..units import GB
 from .facts import MachineFacts, NetworkFacts
@@ -50,11 +51,12 @@ def disk_cost(net: NetworkFacts, machine: MachineFacts) -> float:
 
 
 def disk_takes(nets: list[NetworkFacts], machine: MachineFacts) -> bool:
-    """Whether the disk folder has room for what these networks would write there."""
+    """Whether the disk folder has room for what these networks would write there, as the
+    run counts it (``room_needed``: the group files and the margin)."""
     written = sum(n.nbytes for n in nets if not n.in_place)
     if not written:
         return True
-    return machine.disk_free is not None and written <= machine.disk_free
+    return machine.disk_free is not None and room_needed(written) <= machine.disk_free
 
 
 def split(

@@ -104,6 +104,24 @@ class FerryTestPlainClone:
         return (n,)
 
 
+class FerryTestHold:
+    """An output node that only takes a loader's network: a prompt of a loader and this runs
+    the loader alone, and ComfyUI's cache keeps what it loaded (test_comfyui_loader_costs.py
+    measures a loader's RAM so)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"optional": {"model": ("MODEL",), "clip": ("CLIP",)}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "hold"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def hold(self, model=None, clip=None):
+        return {}
+
+
 class FerryTestSaveConditioning:
     """Saves a CONDITIONING's tensors (each entry's context and every tensor in its dict) to
     output/<filename_prefix>.safetensors, so a test compares them bit for bit."""
@@ -191,6 +209,7 @@ NODE_CLASS_MAPPINGS = {
     "FerryTestConditioning": FerryTestConditioning,
     "FerryTestLatent": FerryTestLatent,
     "FerryTestPlainClone": FerryTestPlainClone,
+    "FerryTestHold": FerryTestHold,
     "FerryTestSaveConditioning": FerryTestSaveConditioning,
     "FerryTestSaveImage": FerryTestSaveImage,
     "FerryTestDynamoGraphs": FerryTestDynamoGraphs,
