@@ -83,6 +83,10 @@ class NetworkFacts:
     #: Its largest layer's dequantized copy in the compute dtype, made while that layer
     #: computes (a quantized format's: stored_sizes.py); memory of the onload device.
     transient_bytes: int = 0
+    #: Other live Ferry processes on this machine that hold this network on the shared RAM
+    #: tier (disk/shared_segments.py): its bytes are already in RAM, once per machine, so on
+    #: the shared tier this process adds none of them.
+    shared_with: int = 0
 
     def __post_init__(self) -> None:
         # A kind's value ("text_encoder") is taken for its row, so every reader gets the row.
@@ -139,7 +143,7 @@ class MachineFacts:
             return self.disk_gbps
         if not self.on_gpu:
             return self.copy_gbps or ASSUMED_CPU_COPY_GBPS
-        if tier == "pinned":
+        if tier in ("pinned", "shared"):  # a shared segment is registered for pinned copies
             return self.copy_gbps or ASSUMED_PINNED_GBPS
         return (self.copy_gbps or ASSUMED_PINNED_GBPS) * ASSUMED_RAM_GBPS / ASSUMED_PINNED_GBPS
 
