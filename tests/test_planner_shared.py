@@ -17,7 +17,7 @@ def test_shared_bytes_count_once_per_machine() -> None:
     assert first.tier == second.tier == "shared"
     assert first.ram_bytes >= 12 * GIB  # this process makes the machine's one copy
     assert second.ram_bytes < GIB  # already in RAM: nothing added
-    assert "makes the machine's one copy" in first.reason
+    assert "counted whole here" in first.reason
     assert "shared with 1 other process:" in second.reason
     assert (
         "shared with 3 other processes"

@@ -309,7 +309,9 @@ def _tier_clause(
 def shared_clause(net: NetworkFacts) -> str:
     """How the shared tier's bytes are counted: once per machine."""
     if not net.shared_with:
-        return "no other process holds it yet: this one makes the machine's one copy"
+        # The hosts do not tell yet whether another process holds it (NetworkFacts.shared_with
+        # is 0 from them): counted whole, the safe side; the layout's note says what it found.
+        return "counted whole here unless another process already holds it (the layout says)"
     others = f"{net.shared_with} other process{'es' if net.shared_with != 1 else ''}"
     return f"shared with {others}: its RAM counted once per machine, none added here"
 

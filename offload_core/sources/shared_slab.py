@@ -69,7 +69,7 @@ def shared_note(sources: list[SharedSlabSource], can_pin: bool) -> str | None:
     who = f"shared with {others} other process{'es' if others != 1 else ''}"
     pinned = sum(s.pinned for s in sources)
     how = (
-        "read in place (a CPU pins nothing)"
+        "copied from the segments into the slots (a CPU pins nothing)"
         if not can_pin
         else "registered for pinned copies"
         if pinned == len(sources)
