@@ -266,3 +266,12 @@ def test_a_changed_file_is_never_served_stale(root: Path, tmp_path: Path) -> Non
     finally:
         conn.send("exit")
         proc.join(30)
+
+
+def test_windows_is_refused_naming_the_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No flock on Windows: the tier says so and names the choice to make instead."""
+    monkeypatch.setattr(shared_segments.sys, "platform", "win32")
+    with pytest.raises(ConfigError, match="tier: the shared tier needs POSIX file locks"):
+        SharedNamespace(tmp_path / "ns").hold(torch.zeros(8))

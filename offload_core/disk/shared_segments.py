@@ -61,7 +61,8 @@ def default_root() -> Path:
     if env:
         return Path(env)
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    return base / f"ferry-shared-{os.getuid()}"
+    uid = os.getuid() if hasattr(os, "getuid") else "user"  # Windows: refused at first use
+    return base / f"ferry-shared-{uid}"
 
 
 def segment_key(data: torch.Tensor) -> str:
