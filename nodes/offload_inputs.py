@@ -57,7 +57,8 @@ def how_inputs() -> list[io.Input]:
             default=DEFAULTS["tier"],
             tooltip="Where offloaded weights wait: auto = Ferry chooses for this machine and "
             "every network of the prompt together (the sidebar says why); pinned = page-locked "
-            "RAM (fastest copies); ram = ordinary RAM; disk = files in disk_path (saves RAM).",
+            "RAM (fastest copies); ram = ordinary RAM; shared = RAM shared by every ComfyUI on this "
+            "machine (one copy for all: one server per GPU); disk = files in disk_path (saves RAM).",
         ),
         io.String.Input(
             "disk_path",

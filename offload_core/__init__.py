@@ -37,6 +37,7 @@ from .policy import (
     OffloadPolicy,
     PinnedRamTier,
     RamTier,
+    SharedRamTier,
 )
 from .registry import live_offloads
 from .runtime.memory import (
@@ -77,6 +78,7 @@ __all__ = [
     "ProcessMemory",
     "RamTier",
     "RestoreIncompleteError",
+    "SharedRamTier",
     "UnsupportedTensorError",
     "WeightsLostError",
     "apply_offload",

@@ -59,6 +59,18 @@ class RamTier:
         pass
 
 
+@dataclass(frozen=True)
+class SharedRamTier:
+    """Offloaded weights wait in RAM shared by every Ferry process of this user on the machine
+    (disk/shared_segments.py): a group whose bytes another process already holds is mapped,
+    not copied, so identical networks in two processes (one ComfyUI per GPU) take one copy.
+    On a GPU each process registers its view for pinned copies where the platform allows.
+    POSIX only (Linux, macOS): it needs file locks that die with their process."""
+
+    def validate(self) -> None:
+        pass
+
+
 #: The disk tier's options, each a choice list every host shows (ComfyUI's widgets, the panel).
 VerifyMode = Literal["first_read", "every_read"]
 CpuRead = Literal["auto", "mapped", "copy"]
@@ -122,8 +134,8 @@ BakeMode = Literal["off", "on", "auto"]
 BAKE_MODES: tuple[BakeMode, ...] = get_args(BakeMode)
 
 Level = BlockLevel | LeafLevel
-Tier = PinnedRamTier | RamTier | DiskTier
-TierName = Literal["pinned", "ram", "disk"]
+Tier = PinnedRamTier | RamTier | SharedRamTier | DiskTier
+TierName = Literal["pinned", "ram", "shared", "disk"]
 LevelName = Literal["block", "leaf"]
 #: The choice lists every host shows (ComfyUI's widgets, Forge's controls, the panel), in order.
 TIER_NAMES: tuple[TierName, ...] = get_args(TierName)
@@ -181,6 +193,8 @@ class OffloadPolicy:
     def tier_name(self) -> TierName:
         if isinstance(self.tier, DiskTier):
             return "disk"
+        if isinstance(self.tier, SharedRamTier):
+            return "shared"
         return "ram" if isinstance(self.tier, RamTier) else "pinned"
 
     @property
@@ -253,8 +267,8 @@ def _level_from_dict(d: dict[str, Any]) -> Level:
 
 def _tier_from_dict(d: dict[str, Any]) -> Tier:
     tier_name = d.get("tier", "pinned")
-    if tier_name not in ("pinned", "ram", "disk"):
-        raise ConfigError("tier", f"must be 'pinned', 'ram' or 'disk', got {tier_name!r:.60}")
+    if tier_name not in TIER_NAMES:
+        raise ConfigError("tier", f"must be one of {list(TIER_NAMES)}, got {tier_name!r:.60}")
     defaults = DiskTier("")
     # None (the flat form of a non-disk tier, or a widget left empty) means the default.
     options = {k: d.get(k) for k in ("direct_io", "verify", "cpu_read")}
@@ -272,6 +286,9 @@ def _tier_from_dict(d: dict[str, Any]) -> Tier:
     if tier_name == "ram":
         disk.validate_options()
         return RamTier()
+    if tier_name == "shared":
+        disk.validate_options()
+        return SharedRamTier()
     return disk
 
 

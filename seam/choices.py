@@ -10,6 +10,7 @@ from ..offload_core.policy import LEVEL_NAMES, TIER_NAMES
 TIER_LABELS: Mapping[str, str] = {
     "pinned": "Pinned RAM (fastest)",
     "ram": "RAM",
+    "shared": "Shared RAM (one copy for every process)",
     "disk": "Disk (SSD/NVMe)",
 }
 LEVEL_LABELS: Mapping[str, str] = {

@@ -80,6 +80,7 @@ class SanitizerBackend:
         #: How finely each buffer is tracked: the device ring by page (its slots are page-
         #: aligned regions of it), anything else whole.
         self._grains: dict[int, int] = {}
+        self.registered_views = 0  # shared segments' views pinned now (register_host)
         self.waits = {"compute-waits-copy": 0, "copy-waits-compute": 0, "host-waits-copy": 0}
 
     # -- streams -----------------------------------------------------------------------------
@@ -161,6 +162,17 @@ class SanitizerBackend:
 
     def empty_host(self, nbytes: int, pinned: bool) -> torch.Tensor:
         return self._track(torch.empty(nbytes, dtype=torch.uint8))
+
+    def register_host(self, buf: torch.Tensor) -> bool:
+        """A shared segment's view pinned: tracked like a pinned slab from here."""
+        self.registered_views += 1
+        self._track(buf)
+        return True
+
+    def unregister_host(self, buf: torch.Tensor) -> None:
+        # Unpinned, then unmapped: a copy still reading it races with this, as with a release.
+        self.registered_views -= 1
+        self.release_host(buf)
 
     def release_host(self, buf: torch.Tensor) -> None:
         # The memory goes back (to the OS, or unpinned): from here anyone may write it, so a

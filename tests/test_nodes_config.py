@@ -32,6 +32,11 @@ def test_good_widgets_make_the_policy() -> None:
     assert p.tier_name == "ram" and p.prefetch_depth == 2 and p.vram_budget is None
 
 
+@pytest.mark.parametrize("tier", ["pinned", "ram", "shared"])
+def test_each_tier_widget_makes_its_tier(tier: str) -> None:
+    assert config.policy_from_inputs(**{**GOOD, "tier": tier}).tier_name == tier
+
+
 @pytest.mark.parametrize(
     ("text", "want"),
     [

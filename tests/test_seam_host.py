@@ -210,7 +210,7 @@ def test_each_host_names_its_own_control_for_one_setting() -> None:
 
 
 def test_the_choice_lists_come_from_the_policy() -> None:
-    assert policy_mod.TIER_NAMES == ("pinned", "ram", "disk")
+    assert policy_mod.TIER_NAMES == ("pinned", "ram", "shared", "disk")
     assert policy_mod.LEVEL_NAMES == ("block", "leaf")
     for host in (node_config, forge_controls):
         assert host.TIERS is policy_mod.TIER_NAMES and host.LEVELS is policy_mod.LEVEL_NAMES

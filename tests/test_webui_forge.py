@@ -155,7 +155,7 @@ def either(host: Any, request: Any) -> Any:
 PASSES = {"unet": 1, "text_encoder": 2}
 
 
-@pytest.mark.parametrize("tier", ["ram", "pinned", "disk"])
+@pytest.mark.parametrize("tier", ["ram", "pinned", "shared", "disk"])
 @pytest.mark.parametrize("level", ["block", "leaf"])
 def test_every_tier_and_level_is_forges_output(
     either: Any, tmp_path: Path, level: str, tier: str

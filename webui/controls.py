@@ -27,6 +27,7 @@ from ..offload_core.policy import (
     LeafLevel,
     PinnedRamTier,
     RamTier,
+    SharedRamTier,
     Tier,
     parse_blocks_per_group,
     parse_disk_path,
@@ -206,7 +207,13 @@ class Asked:
         disk_asked = "disk" in (w.tier, choice.tier if choice else None)
         disk = DiskTier(self.disk_path) if disk_asked else None
         tier: Tier = (
-            disk if w.tier == "disk" and disk else RamTier() if w.tier == "ram" else PinnedRamTier()
+            disk
+            if w.tier == "disk" and disk
+            else RamTier()
+            if w.tier == "ram"
+            else SharedRamTier()
+            if w.tier == "shared"
+            else PinnedRamTier()
         )
         fixed = OffloadPolicy(
             level=LeafLevel() if self.leaf else BlockLevel(w.blocks_per_group or 1),

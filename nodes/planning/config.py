@@ -29,6 +29,7 @@ from ...offload_core.policy import (
     LeafLevel,
     LevelName,
     RamTier,
+    SharedRamTier,
     Tier,
     parse_bake_lora,
     parse_blocks_per_group,
@@ -158,6 +159,8 @@ class NodeSettings:
             tier = self._disk(default_disk_path)
         elif w.tier == "ram":
             tier = RamTier()
+        elif w.tier == "shared":
+            tier = SharedRamTier()
         policy = OffloadPolicy(
             level=level,
             prefetch_depth=w.prefetch_depth or 1,

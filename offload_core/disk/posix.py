@@ -151,3 +151,27 @@ def open_descriptor(path: Path, flags: int) -> int:
         if e.errno != errno.EMFILE:
             raise
         raise ConfigError("level", OUT_OF_DESCRIPTORS) from None
+
+
+# File locks for the shared RAM tier (disk/shared_segments.py): flock locks belong to the open
+# file, so the kernel drops them when their process dies, killed with -9 too. That is the
+# holder count that outlives a crash. Windows has no flock: the shared tier refuses there.
+
+
+def lock(fd: int, exclusive: bool, wait: bool = True) -> bool:
+    """An flock on ``fd``; False where ``wait`` is off and another open file holds a
+    conflicting one."""
+    import fcntl
+
+    flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
+    try:
+        fcntl.flock(fd, flags)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def unlock(fd: int) -> None:
+    import fcntl
+
+    fcntl.flock(fd, fcntl.LOCK_UN)

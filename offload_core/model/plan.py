@@ -57,7 +57,7 @@ class OffloadPlan:
 
     def bytes_per_tier(self) -> dict[str, int]:
         tier = self.policy.tier_name
-        out = {"device": self.device_bytes, "pinned": 0, "ram": 0, "disk": 0}
+        out = {"device": self.device_bytes, "pinned": 0, "ram": 0, "shared": 0, "disk": 0}
         if tier == "pinned" and self.device.type == "cpu":
             tier = "ram"  # nothing to pin for on a CPU
         out[tier] += self.offloaded_bytes

@@ -15,6 +15,7 @@ from ..policy import (
     OffloadPolicy,
     PinnedRamTier,
     RamTier,
+    SharedRamTier,
     Tier,
     TierName,
 )
@@ -52,6 +53,8 @@ def _tier_named(name: TierName, disk: DiskTier | None) -> Tier:
         return PinnedRamTier()
     if name == "ram":
         return RamTier()
+    if name == "shared":
+        return SharedRamTier()
     if disk is None:
         raise ConfigError("disk_path", f"the planner chose the disk tier; {ASK_FOR_FOLDER}")
     return disk

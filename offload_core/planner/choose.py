@@ -293,7 +293,7 @@ def _choose(
         tier=tier,
         sizing=s,
         vram_resident=resident,
-        ram_bytes=working + (0 if tier == "disk" else host_bytes(net, machine)),
+        ram_bytes=working + (0 if tier == "disk" else host_bytes(net, machine, tier)),
         disk_bytes=net.nbytes if tier == "disk" and not net.in_place else 0,
         reason=reason,
     )
@@ -306,6 +306,8 @@ def _tier_clause(
     size_of = f"{fmt_bytes(net.nbytes)} {net.title}"
     if not net.ferry:
         return f"ram: not behind a Ferry node, so ComfyUI keeps its {fmt_bytes(net.nbytes)} in RAM"
+    if tier == "shared":
+        return f"shared: set on its node ({size_of}); {shared_clause(net)}"
     if net.wish.tier is not None:
         return f"{tier}: set on its node ({size_of})"
     in_ram = [n for j, n in enumerate(nets) if j != i and sp.tiers[j] != "disk"]
@@ -330,6 +332,16 @@ def _tier_clause(
         f"ram: {size_of} fits in {fmt_bytes(room)} RAM available but not in what is left of "
         f"the {fmt_bytes(limit or 0)} pin limit ({fmt_bytes(max(0, sp.pin_left or 0))})"
     )
+
+
+def shared_clause(net: NetworkFacts) -> str:
+    """How the shared tier's bytes are counted: once per machine."""
+    if not net.shared_with:
+        # The hosts do not tell yet whether another process holds it (NetworkFacts.shared_with
+        # is 0 from them): counted whole, the safe side; the layout's note says what it found.
+        return "counted whole here unless another process already holds it (the layout says)"
+    others = f"{net.shared_with} other process{'es' if net.shared_with != 1 else ''}"
+    return f"shared with {others}: its RAM counted once per machine, none added here"
 
 
 def _refuse_forced(nets: list[NetworkFacts], machine: MachineFacts) -> ConfigError | None:

@@ -87,6 +87,10 @@ class NetworkFacts:
     #: (loader_costs.py's table; 0 and None: no row for its loader on this host).
     load_peak_bytes: int = 0
     load_said: str | None = None
+    #: Other live Ferry processes on this machine that hold this network on the shared RAM
+    #: tier (disk/shared_segments.py): its bytes are already in RAM, once per machine, so on
+    #: the shared tier this process adds none of them.
+    shared_with: int = 0
 
     def __post_init__(self) -> None:
         # A kind's value ("text_encoder") is taken for its row, so every reader gets the row.
@@ -143,7 +147,7 @@ class MachineFacts:
             return self.disk_gbps
         if not self.on_gpu:
             return self.copy_gbps or ASSUMED_CPU_COPY_GBPS
-        if tier == "pinned":
+        if tier in ("pinned", "shared"):  # a shared segment is registered for pinned copies
             return self.copy_gbps or ASSUMED_PINNED_GBPS
         return (self.copy_gbps or ASSUMED_PINNED_GBPS) * ASSUMED_RAM_GBPS / ASSUMED_PINNED_GBPS
 

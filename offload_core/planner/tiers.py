@@ -39,9 +39,13 @@ def fixed_tier(net: NetworkFacts) -> tuple[TierName] | None:
     return None if net.wish.tier is None else (net.wish.tier,)
 
 
-def host_bytes(net: NetworkFacts, machine: MachineFacts) -> int:
+def host_bytes(net: NetworkFacts, machine: MachineFacts, tier: TierName | None = None) -> int:
     """What a network's host tier holds: all of it, less (on a CPU) what lies outside its
-    blocks, which the working RAM counts (the onload device holds it)."""
+    blocks, which the working RAM counts (the onload device holds it). On the shared tier,
+    where another process already holds it, nothing: shared bytes count once per machine,
+    and the RAM available already leaves them out."""
+    if tier == "shared" and net.shared_with:
+        return 0
     return net.nbytes - (0 if machine.on_gpu else net.outside_bytes)
 
 
@@ -67,9 +71,9 @@ def split(
     hold it); None only where the disk folder cannot take what must go there. A user's tier
     is kept as set; ``working`` is each network's RAM besides its host tier (its slots)."""
     best: tuple[tuple[int, float, int, int], tuple[TierName, ...]] | None = None
-    options = [fixed_tier(n) or ("ram", "disk") for n in nets]
+    options: list[tuple[TierName, ...]] = [fixed_tier(n) or ("ram", "disk") for n in nets]
     for tiers in product(*options):
-        in_ram = sum(host_bytes(n, machine) for n, t in zip(nets, tiers) if t != "disk")
+        in_ram = sum(host_bytes(n, machine, t) for n, t in zip(nets, tiers) if t != "disk")
         used = in_ram + sum(working)
         on_disk = [n for n, t in zip(nets, tiers) if t == "disk"]
         if not disk_takes(on_disk, machine):

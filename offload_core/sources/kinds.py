@@ -3,6 +3,7 @@ that knows them. Each kind is a function that makes the group's source (and the 
 tensors take while it does not compute) or declines; the first that makes one wins.
 
     host_slab    the RAM tiers: the group's own slab, pinned or plain (host_slab.py)
+    shared_ram   the shared RAM tier: a segment every Ferry process maps (shared_slab.py)
     checkpoint   the disk tier, where the user's checkpoint holds the group's bytes as they
                  are (disk/file_source.py reads it; nothing written)
     group_file   the disk tier otherwise: Ferry's group file (disk/store.py), read into a
@@ -25,12 +26,14 @@ import torch
 
 from ..disk.file_source import FileSource
 from ..disk.plan import ReadPlan
+from ..disk.shared_segments import namespace
 from ..model.grouping import GroupSpec
-from ..policy import DiskTier, Tier
+from ..policy import DiskTier, SharedRamTier, Tier
 from ..runtime.source import WeightSource
 from ..transfer.backend import Backend
 from .host_slab import HostSlabSource
 from .origin import Origin
+from .shared_slab import SharedSlabSource
 
 #: A group's source and the forms its tensors take while it is not computing.
 Made = tuple[WeightSource, list[torch.Tensor]]
@@ -71,8 +74,23 @@ class Placing(Protocol):
 Kind = Callable[[Placing, Placed], Made | None]
 
 
+def shared_ram(p: Placing, g: Placed) -> Made | None:
+    """The group's bytes (``packed``: the layout's scratch) as a shared segment, mapped;
+    registered for pinned copies where the backend can."""
+    if not isinstance(p.tier, SharedRamTier):
+        return None
+    ns = namespace()
+    held = ns.hold(g.packed)
+    try:
+        pinned = p.backend.can_pin and p.backend.register_host(held.data)
+    except BaseException:
+        ns.release(held)
+        raise
+    return SharedSlabSource(held, ns, pinned), [e.build(held.data) for e in g.spec.entries]
+
+
 def host_slab(p: Placing, g: Placed) -> Made | None:
-    if isinstance(p.tier, DiskTier):
+    if isinstance(p.tier, (DiskTier, SharedRamTier)):
         return None
     return HostSlabSource(g.packed, g.pinned), [e.build(g.packed) for e in g.spec.entries]
 
@@ -96,6 +114,7 @@ def group_file(p: Placing, g: Placed) -> Made | None:
 
 KINDS: list[tuple[str, Kind]] = [
     ("host_slab", host_slab),
+    ("shared_ram", shared_ram),
     ("checkpoint", checkpoint),
     ("group_file", group_file),
 ]

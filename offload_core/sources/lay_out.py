@@ -20,7 +20,7 @@ from ..disk.mapped import can_map, choose_cpu_read
 from ..disk.store import GroupStore
 from ..model.grouping import GroupSpec
 from ..model.plan import OffloadPlan
-from ..policy import DiskTier, PinnedRamTier
+from ..policy import DiskTier, PinnedRamTier, SharedRamTier
 from ..runtime.group import GroupRuntime
 from ..runtime.memory import HeapTrimmer, system_available_ram
 from ..transfer.backend import Backend
@@ -30,6 +30,7 @@ from .kinds import Placed, make_source
 from .origin import Origin
 from .placement import Placement, move_tensor, point_all
 from .resident import DeviceBytes, ResidentGroup
+from .shared_slab import SharedSlabSource, shared_note
 
 log = logging.getLogger("ferry")
 Progress = Callable[[int, int], None]
@@ -59,6 +60,10 @@ def lay_out(
     return placement
 
 
+def _source(rt: GroupRuntime | ResidentGroup) -> object:
+    return rt.source if isinstance(rt, GroupRuntime) else None
+
+
 class LayOut:
     """Moves a model's tensors onto their sources, group by group, into ``placement``; counts
     the pinned tier's share while it does."""
@@ -82,7 +87,9 @@ class LayOut:
                 trimmer = HeapTrimmer()  # a re-layout from the disk tier held the network
                 # twice without it (tests/comfyui/test_comfyui_relayout_cgroup.py)
                 for i, (spec, gp) in enumerate(zip(groups, plan.groups)):
-                    if isinstance(p.tier, DiskTier) and not gp.resident and scratch is None:
+                    # The disk and shared tiers copy each group out of one reused scratch.
+                    copied_out = isinstance(p.tier, (DiskTier, SharedRamTier))
+                    if copied_out and not gp.resident and scratch is None:
                         scratch = torch.empty(plan.slot_bytes, dtype=torch.uint8)
                     p.runtimes.append(self._place(spec, gp.resident, scratch))
                     trimmer.freed(spec.nbytes)  # the group's original tensors
@@ -95,6 +102,13 @@ class LayOut:
                     f"{fmt_bytes(self.staged_bytes)} past the pin limit wait in RAM and reach "
                     "the device through the pinned staging buffers"
                 )
+            shared = shared_note(
+                [s for s in map(_source, p.runtimes) if isinstance(s, SharedSlabSource)],
+                p.backend.can_pin,
+            )
+            if shared:
+                log.info("ferry: %s: %s", p.name, shared)
+                p.notes.append(shared)
             if p.store is not None:
                 p.store.mark_ready()
         except BaseException:

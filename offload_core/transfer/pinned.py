@@ -30,6 +30,9 @@ import torch
 
 from ..disk.host_memory import host_buffer
 
+#: cudaHostRegisterReadOnly (driver_types.h): the range is only read by the device.
+HOST_REGISTER_READ_ONLY = 0x08
+
 
 class PinnedMapping(mmap.mmap):
     """An anonymous private mapping that unregisters its pinned range when it goes."""
@@ -55,6 +58,7 @@ class PinnedHost:
         self._by_pointer: weakref.WeakValueDictionary[int, PinnedMapping] = (
             weakref.WeakValueDictionary()
         )
+        self._foreign: set[int] = set()  # pointers ``register`` pinned
 
     def buffer(self, nbytes: int) -> torch.Tensor:
         made: list[PinnedMapping] = []
@@ -80,6 +84,25 @@ class PinnedHost:
         mapping = self._by_pointer.pop(buf.data_ptr(), None)
         if mapping is not None:
             mapping.unregister()
+
+    def register(self, buf: torch.Tensor) -> bool:
+        """Pins ``buf``, memory mapped by someone else (a shared segment, read-only: the
+        read-only flag, which the driver needs for a mapping without write access); False
+        where the driver refuses (an old driver, a platform without read-only registration:
+        the copies then stage). The owner unregisters before it unmaps (``unregister``)."""
+        if not buf.numel():
+            return False
+        ptr, nbytes = buf.data_ptr(), buf.numel() * buf.element_size()
+        if _code(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, HOST_REGISTER_READ_ONLY)):
+            return False
+        self._foreign.add(ptr)
+        return True
+
+    def unregister(self, buf: torch.Tensor) -> None:
+        ptr = buf.data_ptr()
+        if ptr in self._foreign:
+            self._foreign.discard(ptr)
+            _check(torch.cuda.cudart().cudaHostUnregister(ptr), "unregistering shared memory")
 
     def registered(self) -> int:
         """How many buffers are registered now (for tests)."""

@@ -92,6 +92,14 @@ class StreamBackend:
         if self.device.type == "cuda":
             self.pinned.release(buf)
 
+    def register_host(self, buf: torch.Tensor) -> bool:
+        # XPU has no registration of foreign memory in torch: its copies stage.
+        return self.device.type == "cuda" and self.pinned.register(buf)
+
+    def unregister_host(self, buf: torch.Tensor) -> None:
+        if self.device.type == "cuda":
+            self.pinned.unregister(buf)
+
     def host_fill(self, dst: torch.Tensor, fill: Callable[[], T]) -> T:
         """The host (a reader thread) writes ``dst``; the test backend reports it."""
         return fill()

@@ -57,6 +57,12 @@ class SyncBackend:
     def release_host(self, buf: torch.Tensor) -> None:
         pass
 
+    def register_host(self, buf: torch.Tensor) -> bool:
+        return False  # nothing to pin for: the CPU reads host memory as it is
+
+    def unregister_host(self, buf: torch.Tensor) -> None:
+        pass
+
     def host_fill(self, dst: torch.Tensor, fill: Callable[[], T]) -> T:
         """The host (a reader thread) writes ``dst``; the test backend reports it."""
         return fill()
