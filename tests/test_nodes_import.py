@@ -18,6 +18,7 @@ from tests.conftest import PACK_NAME, REPO
 PURE_MODULES = (
     "input_error", "planning.config", "patcher.live_layout", "patcher.dynamic",
     "patcher.recovery", "ui.stats", "ui.report", "ui.api", "ui.json_body", "ui.pusher", "ui.prompt_reads", "planning.prompt_networks",
+    "planning.loader_swap",
 )  # fmt: skip
 COMFY_MODULES = (
     "extension", "offload_node", "loader_node", "report_node", "text_encoder_node",
