@@ -80,6 +80,14 @@ def test_each_swap_names_widgets_and_outputs_its_ferry_node_has(core: str) -> No
         assert ("files" in inputs[ferry_w]) == (CORE[core][0][core_w] is None), (core, ferry_w)
 
 
+def test_the_plans_sentences_name_ferrys_loaders_as_the_canvas_titles_them() -> None:
+    schemas = node_schemas()
+    shipped = [s.ferry for s in SWAPS.values() if s.ferry in schemas]
+    assert len(shipped) >= 3
+    for ferry in shipped:
+        assert swap_table.TITLES[ferry] == schemas[ferry]["display_name"], ferry
+
+
 @pytest.mark.parametrize("core", ["UNETLoader", "CLIPLoader", "DualCLIPLoader"])
 def test_each_core_value_is_offered_exactly_where_ferrys_node_offers_it(core: str) -> None:
     swap = SWAPS[core]
@@ -104,9 +112,9 @@ def test_unetloader_offers_ferrys_loader_with_its_mapping() -> None:
         "ferry_class": "FerryLoadDiffusionModelQuantized",
         "widgets": {"unet_name": "unet_name", "weight_dtype": "weight_dtype"},
         "fixed": {"quant_preset": "none"}, "outputs": [0],
-        "why": "UNETLoader reads the whole file into RAM before Ferry Offload Model runs; "
-        "Ferry Load Diffusion Model leaves the weights in the file until Ferry Offload Model "
-        "lays them out",
+        "why": "UNETLoader holds the whole network in RAM before Ferry Offload Model runs; "
+        "Ferry Load Diffusion Model (quantized) leaves the weights in the file until Ferry "
+        "Offload Model lays them out",
     }  # fmt: skip
 
 
@@ -116,7 +124,8 @@ def test_the_fast_fp8_kernel_has_no_equivalent_and_the_plan_says_so() -> None:
     )
     assert entry is not None and entry["ferry_class"] is None
     assert entry["why"] == (
-        "UNETLoader's weight_dtype 'fp8_e4m3fn_fast' has no equivalent in Ferry Load Diffusion Model"
+        "UNETLoader's weight_dtype 'fp8_e4m3fn_fast' has no equivalent in "
+        "Ferry Load Diffusion Model (quantized)"
     )
 
 
@@ -129,6 +138,15 @@ def test_no_button_without_a_ferry_offload_node_after_the_loader() -> None:
     entry = ferry_loader("3", _node("DualCLIPLoader"), [], _accepts)
     assert entry is not None and entry["ferry_class"] is None
     assert entry["why"].startswith("no Ferry offload node takes its output"), entry
+
+
+def test_no_button_where_core_leaves_the_weights_in_the_files_mapping() -> None:
+    entry = ferry_loader("3", _node("CLIPLoader"), ["Ferry Offload Text Encoder"], _accepts, False)
+    assert entry is not None and entry["ferry_class"] is None
+    assert entry["why"] == (
+        "CLIPLoader leaves the weights in the file's mapping on this ComfyUI (no copy in RAM), "
+        "so Ferry Load Text Encoder would not lower the peak"
+    )
 
 
 def test_no_button_where_the_server_does_not_register_ferrys_node() -> None:

@@ -31,6 +31,7 @@ from ...offload_core.planner.machine import read_machine
 from ...offload_core.runtime.memory import process_memory
 from ...offload_core.tools.monitor import read_offloads
 from ..input_error import NodeInputError
+from ..patcher.comfy_core import core_copies_model_files
 from .config import NodeSettings
 from .loader_swap import ferry_loader, registered_widgets
 from .prompt_networks import FERRY_NODES, PromptNetwork, prompt_networks, sampler_steps
@@ -102,9 +103,14 @@ def _registered(ferry_class: str) -> dict[str, list[Any] | None] | None:
 
 
 def _swaps(prompt: dict[str, Any], networks: list[PromptNetwork]) -> dict[str, dict[str, Any]]:
-    """Each core loader's "Use Ferry's loader" entry, with the Ferry nodes after it."""
+    """Each core loader's "Use Ferry's loader" entry, with the Ferry nodes after it. Core's
+    loader holds a network in RAM where this core copies the file, or where it converts the
+    weights (the bytes it holds are not the file's: not ``in_place``)."""
+    copies = core_copies_model_files()
     after: dict[str, list[str]] = {}
+    holds: dict[str, bool] = {}
     for n in networks:
+        holds[n.loader_id] = holds.get(n.loader_id, copies) or not n.facts.in_place
         ferry = after.setdefault(n.loader_id, [])
         title = (
             re.sub(r"(?<=[a-z])(?=[A-Z])", " ", prompt[n.ferry_id]["class_type"])
@@ -115,7 +121,7 @@ def _swaps(prompt: dict[str, Any], networks: list[PromptNetwork]) -> dict[str, d
             ferry.append(title)
     out = {}
     for loader_id, ferry in after.items():
-        entry = ferry_loader(loader_id, prompt[loader_id], ferry, _registered)
+        entry = ferry_loader(loader_id, prompt[loader_id], ferry, _registered, holds[loader_id])
         if entry is not None:
             out[loader_id] = entry
     return out

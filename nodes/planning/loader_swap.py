@@ -69,18 +69,26 @@ SWAPS: Mapping[str, Swap] = {
 Accepts = Callable[[str], "Mapping[str, list[Any] | None] | None"]
 
 OFFERED = (
-    "{core} reads the whole file into RAM before {ferry_node} runs; {title} leaves the "
+    "{core} holds the whole network in RAM before {ferry_node} runs; {title} leaves the "
     "weights in the file until {ferry_node} lays them out"
+)
+MAPPED = (
+    "{core} leaves the weights in the file's mapping on this ComfyUI (no copy in RAM), so "
+    "{title} would not lower the peak"
 )
 
 
+#: Ferry's loaders as the canvas titles them (their display names), for the plan's sentences.
+TITLES: Mapping[str, str] = {
+    "FerryLoadDiffusionModelQuantized": "Ferry Load Diffusion Model (quantized)",
+    "FerryLoadTextEncoder": "Ferry Load Text Encoder",
+    "FerryLoadTextEncoderDual": "Ferry Load Text Encoders (dual)",
+    "FerryLoadCheckpoint": "Ferry Load Checkpoint",
+}
+
+
 def _title(ferry: str) -> str:
-    return {
-        "FerryLoadDiffusionModelQuantized": "Ferry Load Diffusion Model",
-        "FerryLoadTextEncoder": "Ferry Load Text Encoder",
-        "FerryLoadTextEncoderDual": "Ferry Load Text Encoders (dual)",
-        "FerryLoadCheckpoint": "Ferry Load Checkpoint",
-    }.get(ferry, ferry)
+    return TITLES.get(ferry, ferry)
 
 
 def _refusal(swap: Swap, inputs: Mapping[str, Any], accepts: Accepts) -> str | None:
@@ -105,13 +113,19 @@ def _refusal(swap: Swap, inputs: Mapping[str, Any], accepts: Accepts) -> str | N
 
 
 def ferry_loader(
-    node_id: str, node: Mapping[str, Any], ferry_nodes: list[str], accepts: Accepts
+    node_id: str,
+    node: Mapping[str, Any],
+    ferry_nodes: list[str],
+    accepts: Accepts,
+    core_holds: bool = True,
 ) -> dict[str, Any] | None:
     """The plan's ``ferry_loader`` entry for the loader node ``node_id`` (API format):
     ``{"node_id", "class_type", "ferry_class", "widgets", "fixed", "outputs", "why"}``, with
     ``ferry_class`` None and ``why`` saying why where no swap is offered; None where the node
     is not a core loader Ferry has an equivalent for. ``ferry_nodes``: the titles of the Ferry
-    offload nodes its networks go to (the swap lowers the peak only before one of them)."""
+    offload nodes its networks go to (the swap lowers the peak only before one of them).
+    ``core_holds``: whether core's loader holds the network in RAM (it copies the file, or
+    converts the weights); where it leaves them in the file's mapping, the swap gains nothing."""
     swap = SWAPS.get(str(node.get("class_type")))
     if swap is None:
         return None
@@ -122,6 +136,8 @@ def ferry_loader(
             f"no Ferry offload node takes its output: after {_title(swap.ferry)} alone the "
             f"file is read whole too (add a Ferry offload node after {swap.core})"
         )
+    if why is None and not core_holds:
+        why = MAPPED.format(core=swap.core, title=_title(swap.ferry))
     entry: dict[str, Any] = {"node_id": node_id, "class_type": swap.core, "ferry_class": None}
     if why is None:
         why = OFFERED.format(

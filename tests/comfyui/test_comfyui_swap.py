@@ -1,10 +1,14 @@
 """The sidebar's "Use Ferry's loader" (web/comfyui/ferry_swap.js) on ComfyUI's own frontend, in
-Debian's chromium: a workflow UNETLoader -> Ferry Offload Model is planned, the button swaps the
-loader for Ferry Load Diffusion Model on the canvas (same id and place, its values and every
-link kept), the swapped graph runs through the frontend's own queueing to the latent plain
-ComfyUI makes (``torch.equal``), one Ctrl+Z brings the UNETLoader back, and a value Ferry's
-node has no equivalent for (fp8_e4m3fn_fast) gets no button but the plan's reason. The
-mapping table (nodes/planning/loader_swap.py) is checked against this server's /object_info.
+Debian's chromium: a workflow UNETLoader -> Ferry Offload Model (and DualCLIPLoader -> Ferry
+Offload Text Encoder) is planned, the button swaps the loader for Ferry's on the canvas (same id
+and place, its values and every link kept), the swapped graph runs through the frontend's own
+queueing to the output plain ComfyUI makes (``torch.equal``), one Ctrl+Z brings core's loader
+back, and a value Ferry's node has no equivalent for (fp8_e4m3fn_fast) gets no button but the
+plan's reason. The button is offered where core's loader holds the network in RAM: v0.3.64 and
+v0.8 copy the file; v0.33 leaves the weights in the file's mapping, so there the diffusion
+model is swapped with fp8 weights (which core converts in RAM) and the text encoders get the
+reason instead. The mapping table (nodes/planning/loader_swap.py) is checked against this
+server's /object_info.
 
     FERRY_COMFYUI=/work/comfy/v0.33.0 [FERRY_SCREENSHOTS=docs/img] \\
         pytest tests/comfyui/test_comfyui_swap.py -p no:cacheprovider
@@ -18,16 +22,25 @@ from __future__ import annotations
 import importlib
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import Server, comfy_checkout, make_base, start_server, stop_server
+from conftest import (
+    Server,
+    comfy_checkout,
+    core_has,
+    make_base,
+    run_maker,
+    start_server,
+    stop_server,
+)
 from ferry_workflows import MODEL_FILE, Client, error_message, ferry, graph, saved_latent_name
 from frontend_page import CHROMIUM, FLAGS, open_frontend, queue_with, set_setting
 from safetensors.torch import load_file
+from test_comfyui_text_encoder import CLIP_L, T5, clip_graph, ferry_te
 
 from tests.conftest import PACK_NAME, load_pack
 
@@ -36,8 +49,17 @@ SHOTS = os.environ.get("FERRY_SCREENSHOTS")
 load_pack()
 swap_table = importlib.import_module(f"{PACK_NAME}.nodes.planning.loader_swap")
 
-#: The workflow's node ids (ferry_workflows.graph): the loader, Ferry's node after it.
+#: The workflows' node ids (ferry_workflows.graph, clip_graph): the loader, Ferry's node after it.
 LOADER, OFFLOAD = "1", "10"
+FLUX_PAIR = {"clip_name1": CLIP_L, "clip_name2": T5, "type": "flux"}
+#: Whether this core copies a model file into RAM as it loads it (v0.3.64, v0.8); a newer one
+#: leaves the weights in the file's mapping (comfy.utils.load_safetensors), so core's loader
+#: holds a network in RAM only where it converts it: there the swap is tried with fp8 weights.
+COPIES = not core_has("comfy/utils.py", "def load_safetensors")
+UNET = (
+    "UNETLoader",
+    {"unet_name": MODEL_FILE, "weight_dtype": "default" if COPIES else "fp8_e4m3fn"},
+)
 
 GRAPH_JS = """(id) => {
   const app = window.comfyAPI.app.app;
@@ -64,6 +86,7 @@ def frontend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     comfy, py = comfy_checkout()
     base = tmp_path_factory.mktemp("swap-base")
     make_base(base, py, comfy)
+    run_maker(base, py, comfy, "make_text_encoders.py")
     srv = start_server(comfy, py, base)
     for key, value in (
         ("Comfy.TutorialCompleted", True),
@@ -91,11 +114,6 @@ def page(frontend: Server) -> Iterator[Any]:
             yield pg
         finally:
             browser.close()
-
-
-def _latent(srv: Server, entry: dict[str, Any]) -> torch.Tensor:
-    assert entry["status"]["status_str"] == "success", f"{error_message(entry)}\n{srv.log_tail()}"
-    return load_file(str(srv.base / "output" / saved_latent_name(entry)))["latent_tensor"]
 
 
 def _plan(page: Any, g: dict[str, Any], name: str) -> None:
@@ -166,53 +184,86 @@ def test_the_mapping_matches_this_servers_nodes(frontend: Server) -> None:
     assert checked > 10, checked
 
 
-def test_use_ferrys_loader_swaps_runs_and_undoes(frontend: Server, page: Any) -> None:
+#: case -> (the workflow with core's loader, given its output prefix; Ferry's loader; the
+#: values Ferry's loader shows after the swap; Ferry's node after it, its input).
+CASES: dict[str, tuple[Callable[[str], dict[str, Any]], str, dict[str, Any], str]] = {
+    "UNETLoader": (
+        lambda prefix: graph([ferry(tier="disk")], prefix, seed=5, loader=UNET),
+        "FerryLoadDiffusionModelQuantized",
+        {
+            "unet_name": MODEL_FILE,
+            "quant_preset": "none",
+            "weight_dtype": UNET[1]["weight_dtype"],
+            "cache": True,
+        },
+        "Ferry Offload Model",
+    ),
+    "DualCLIPLoader": (
+        lambda prefix: clip_graph("DualCLIPLoader", FLUX_PAIR, prefix, ferry_te(tier="disk")),
+        "FerryLoadTextEncoderDual",
+        {**FLUX_PAIR, "device": "default"},
+        "Ferry Offload Text Encoder",
+    ),
+}
+
+
+def _output(srv: Server, entry: dict[str, Any], prefix: str) -> dict[str, torch.Tensor]:
+    """What the run saved: the latent, or the conditioning (FerryTestSaveConditioning's file)."""
+    assert entry["status"]["status_str"] == "success", f"{error_message(entry)}\n{srv.log_tail()}"
+    if any("latents" in out for out in entry["outputs"].values()):
+        return load_file(str(srv.base / "output" / saved_latent_name(entry)))
+    return load_file(str(srv.base / "output" / f"{prefix}.safetensors"))
+
+
+@pytest.mark.parametrize("core", sorted(CASES))
+def test_use_ferrys_loader_swaps_runs_and_undoes(frontend: Server, page: Any, core: str) -> None:
+    make, ferry_class, values, offload = CASES[core]
+    if core == "DualCLIPLoader" and not COPIES:
+        pytest.skip("this core leaves the encoders in their files: no button (test below)")
     client = Client(frontend.url)
-    g = graph([ferry(tier="disk")], "swap", seed=5)
-    reference = _latent(frontend, client.run(graph([ferry(tier="disk")], "plain", seed=5)))
-    _plan(page, g, "swap-demo")
+    reference = _output(frontend, client.run(make(f"{core}-plain"), timeout=600), f"{core}-plain")
+    _plan(page, make(f"{core}-swap"), f"swap-{core}")
     button = page.locator(f"[data-ferry-swap='{LOADER}']")
     button.wait_for()
     assert page.locator("[data-ferry-swap]").count() == 1  # once per loader node
     card = page.inner_text("#ferry-plan-result")
-    assert "UNETLoader reads the whole file into RAM before Ferry Offload Model runs" in card
+    assert f"{core} holds the whole network in RAM before {offload} runs" in card, card
     before = page.evaluate(GRAPH_JS, LOADER)
-    assert before["type"] == "UNETLoader", before
+    assert before["type"] == core, before
     offer = _canvas_shot(page)
 
     button.click()
     page.wait_for_selector("#ferry-plan-result .ferry-status")
     status = page.inner_text("#ferry-plan-result .ferry-status")
     after = page.evaluate(GRAPH_JS, LOADER)
-    assert after["type"] == "FerryLoadDiffusionModelQuantized", (status, after)
+    assert after["type"] == ferry_class, (status, after)
     assert f"node {LOADER} is now" in status, status
     assert after["pos"] == before["pos"] and after["count"] == before["count"]
-    assert after["widgets"] == {
-        "unet_name": MODEL_FILE, "quant_preset": "none", "weight_dtype": "default", "cache": True,
-    }  # fmt: skip
+    assert after["widgets"] == values
     assert after["links"] == before["links"]  # every link, to the same slots
-    assert [LOADER, 0, OFFLOAD, 0, "model"] in after["links"]
-    assert after["saved"] == ["FerryLoadDiffusionModelQuantized"]  # the workflow's saved state
+    assert after["links"] and all(lk[0] != LOADER or lk[2] == OFFLOAD for lk in after["links"])
+    assert after["saved"] == [ferry_class]  # the workflow's state, as it is saved
     assert page.locator("[data-ferry-swap]").count() == 0
     swapped = _canvas_shot(page)
 
-    # The swapped graph, queued as the Run button queues it: the same latent as plain core's.
+    # The swapped graph, queued as the Run button queues it: the same output as plain core's.
     entry = client.wait(queue_with(page, {}), timeout=600)
-    assert torch.equal(_latent(frontend, entry), reference)
-    prompt = entry["prompt"][2]
-    assert prompt[LOADER]["class_type"] == "FerryLoadDiffusionModelQuantized"
+    got = _output(frontend, entry, f"{core}-swap")
+    assert sorted(got) == sorted(reference)
+    assert all(torch.equal(got[k], reference[k]) for k in reference)
+    assert entry["prompt"][2][LOADER]["class_type"] == ferry_class
 
-    # One Ctrl+Z, as a user presses it (outside a text field), restores the UNETLoader.
+    # One Ctrl+Z, as a user presses it (outside a text field), restores core's loader.
     page.evaluate("() => document.activeElement?.blur()")
     page.keyboard.press("Control+z")
     page.wait_for_function(
-        "(id) => window.comfyAPI.app.app.graph.getNodeById(Number(id))?.type === 'UNETLoader'",
-        arg=LOADER,
+        "([id, type]) => window.comfyAPI.app.app.graph.getNodeById(Number(id))?.type === type",
+        arg=[LOADER, core],
         timeout=10_000,
     )
     undone = page.evaluate(GRAPH_JS, LOADER)
     assert undone["links"] == before["links"] and undone["widgets"] == before["widgets"]
-    if SHOTS:
+    if SHOTS and core == "UNETLoader":
         _side_by_side(offer, swapped, Path(SHOTS) / "comfyui-use-ferry-loader.png")
 
 
@@ -223,6 +274,15 @@ def test_a_value_ferry_has_no_equivalent_for_gets_the_reason_not_the_button(page
     row.wait_for()
     assert page.locator("[data-ferry-swap]").count() == 0
     assert "UNETLoader's weight_dtype 'fp8_e4m3fn_fast' has no equivalent" in row.inner_text()
+
+
+@pytest.mark.skipif(COPIES, reason="this core copies the files into RAM: the button is offered")
+def test_no_button_where_core_leaves_the_weights_in_the_files_mapping(page: Any) -> None:
+    _plan(page, CASES["DualCLIPLoader"][0]("mapped"), "swap-mapped")
+    row = page.locator(f"[data-ferry-noswap='{LOADER}']")
+    row.wait_for()
+    assert page.locator("[data-ferry-swap]").count() == 0
+    assert "DualCLIPLoader leaves the weights in the file's mapping" in row.inner_text()
 
 
 def _side_by_side(left: Any, right: Any, path: Path) -> None:
