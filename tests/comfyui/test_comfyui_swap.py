@@ -3,7 +3,7 @@ Debian's chromium: a workflow UNETLoader -> Ferry Offload Model (and DualCLIPLoa
 Offload Text Encoder) is planned, the button swaps the loader for Ferry's on the canvas (same id
 and place, its values and every link kept), the swapped graph runs through the frontend's own
 queueing to the output plain ComfyUI makes (``torch.equal``), one Ctrl+Z brings core's loader
-back, and a value Ferry's node has no equivalent for (fp8_e4m3fn_fast) gets no button but the
+back (and Ctrl+Y the swap), and a value Ferry's node has no equivalent for (fp8_e4m3fn_fast) gets no button but the
 plan's reason. The button is offered where core's loader holds the network in RAM: v0.3.64 and
 v0.8 copy the file; v0.33 leaves the weights in the file's mapping, so there the diffusion
 model is swapped with fp8 weights (which core converts in RAM) and the text encoders get the
@@ -116,14 +116,25 @@ def page(frontend: Server) -> Iterator[Any]:
             browser.close()
 
 
+LOAD_JS = """async ([g, name]) => {
+  await window.comfyAPI.app.app.loadApiJson(g, name); // a promise in newer frontends
+}"""
+#: Whether node ``id`` is of ``type`` (after an undo or a redo reloads the graph).
+IS_JS = "([id, type]) => window.comfyAPI.app.app.graph.getNodeById(Number(id))?.type === type"
+
+
 def _plan(page: Any, g: dict[str, Any], name: str) -> None:
     """Shows ``g`` on the canvas, opens Ferry's tab and presses Plan."""
-    page.evaluate("([g, name]) => window.comfyAPI.app.app.loadApiJson(g, name)", [g, name])
+    page.evaluate(LOAD_JS, [g, name])
     page.wait_for_timeout(500)
     if not page.locator("#ferry-plan-btn").is_visible():
         page.click(".ferry-tab-button")
-    page.evaluate("() => document.querySelector('#ferry-plan-result').replaceChildren()")
-    page.click("#ferry-plan-btn")
+    with page.expect_response(lambda r: r.url.endswith("/ferry/plan")):
+        page.click("#ferry-plan-btn")
+    # This plan drawn, not the last one: its "planning…" line is gone.
+    page.wait_for_function(
+        "() => !document.querySelector('#ferry-plan-result').innerText.includes('planning')"
+    )
     page.wait_for_selector("#ferry-plan-result .ferry-card")
 
 
@@ -246,23 +257,25 @@ def test_use_ferrys_loader_swaps_runs_and_undoes(frontend: Server, page: Any, co
     assert page.locator("[data-ferry-swap]").count() == 0
     swapped = _canvas_shot(page)
 
+    # One Ctrl+Z, as a user presses it (outside a text field), restores core's loader; one
+    # Ctrl+Y brings the swap back. (Right after the swap: a run may change the graph itself,
+    # e.g. a randomized seed, which a Ctrl+Z would undo first.)
+    page.evaluate("() => document.activeElement?.blur()")
+    page.keyboard.press("Control+z")
+    page.wait_for_function(IS_JS, arg=[LOADER, core], timeout=10_000)
+    undone = page.evaluate(GRAPH_JS, LOADER)
+    assert undone["links"] == before["links"] and undone["widgets"] == before["widgets"]
+    page.keyboard.press("Control+y")
+    page.wait_for_function(IS_JS, arg=[LOADER, ferry_class], timeout=10_000)
+    redone = page.evaluate(GRAPH_JS, LOADER)
+    assert redone["links"] == before["links"] and redone["widgets"] == values
+
     # The swapped graph, queued as the Run button queues it: the same output as plain core's.
     entry = client.wait(queue_with(page, {}), timeout=600)
     got = _output(frontend, entry, f"{core}-swap")
     assert sorted(got) == sorted(reference)
     assert all(torch.equal(got[k], reference[k]) for k in reference)
     assert entry["prompt"][2][LOADER]["class_type"] == ferry_class
-
-    # One Ctrl+Z, as a user presses it (outside a text field), restores core's loader.
-    page.evaluate("() => document.activeElement?.blur()")
-    page.keyboard.press("Control+z")
-    page.wait_for_function(
-        "([id, type]) => window.comfyAPI.app.app.graph.getNodeById(Number(id))?.type === type",
-        arg=[LOADER, core],
-        timeout=10_000,
-    )
-    undone = page.evaluate(GRAPH_JS, LOADER)
-    assert undone["links"] == before["links"] and undone["widgets"] == before["widgets"]
     if SHOTS and core == "UNETLoader":
         _side_by_side(offer, swapped, Path(SHOTS) / "comfyui-use-ferry-loader.png")
 
