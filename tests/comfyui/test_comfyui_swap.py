@@ -3,7 +3,7 @@ Debian's chromium: a workflow UNETLoader -> Ferry Offload Model (and DualCLIPLoa
 Offload Text Encoder) is planned, the button swaps the loader for Ferry's on the canvas (same id
 and place, its values and every link kept), the swapped graph runs through the frontend's own
 queueing to the output plain ComfyUI makes (``torch.equal``), one Ctrl+Z brings core's loader
-back (and Ctrl+Y the swap), and a value Ferry's node has no equivalent for (fp8_e4m3fn_fast) gets no button but the
+back, and a value Ferry's node has no equivalent for (fp8_e4m3fn_fast) gets no button but the
 plan's reason. The button is offered where core's loader holds the network in RAM: v0.3.64 and
 v0.8 copy the file; v0.33 leaves the weights in the file's mapping, so there the diffusion
 model is swapped with fp8 weights (which core converts in RAM) and the text encoders get the
@@ -257,15 +257,17 @@ def test_use_ferrys_loader_swaps_runs_and_undoes(frontend: Server, page: Any, co
     assert page.locator("[data-ferry-swap]").count() == 0
     swapped = _canvas_shot(page)
 
-    # One Ctrl+Z, as a user presses it (outside a text field), restores core's loader; one
-    # Ctrl+Y brings the swap back. (Right after the swap: a run may change the graph itself,
-    # e.g. a randomized seed, which a Ctrl+Z would undo first.)
+    # One Ctrl+Z, as a user presses it (outside a text field), restores core's loader (right
+    # after the swap: a run may change the graph itself, e.g. a randomized seed, which a Ctrl+Z
+    # would undo first); then the plan's button swaps it again, for the run.
     page.evaluate("() => document.activeElement?.blur()")
     page.keyboard.press("Control+z")
     page.wait_for_function(IS_JS, arg=[LOADER, core], timeout=10_000)
     undone = page.evaluate(GRAPH_JS, LOADER)
     assert undone["links"] == before["links"] and undone["widgets"] == before["widgets"]
-    page.keyboard.press("Control+y")
+    with page.expect_response(lambda r: r.url.endswith("/ferry/plan")):
+        page.click("#ferry-plan-btn")
+    page.locator(f"[data-ferry-swap='{LOADER}']").click()
     page.wait_for_function(IS_JS, arg=[LOADER, ferry_class], timeout=10_000)
     redone = page.evaluate(GRAPH_JS, LOADER)
     assert redone["links"] == before["links"] and redone["widgets"] == values
