@@ -13,10 +13,13 @@ from tests.node_schemas import en_node_defs, node_schemas
 
 FERRY_JS = REPO / "web" / "comfyui" / "ferry.js"
 #: The sidebar's code: ferry.js, the plan section it draws (ferry_plan.js, handed its t()) and
-#: the drawing helpers both use (ferry_dom.js).
+#: the drawing helpers both use (ferry_dom.js), and its "Use Ferry's loader" row (ferry_swap.js).
 SIDEBAR_JS = (
     FERRY_JS,
-    *(REPO / "web" / "comfyui" / f for f in ("ferry_plan.js", "ferry_dom.js", "ferry_pictures.js")),
+    *(
+        REPO / "web" / "comfyui" / f
+        for f in ("ferry_plan.js", "ferry_dom.js", "ferry_pictures.js", "ferry_swap.js")
+    ),
 )
 #: Words a translation keeps as they are (units, formats, names of things).
 TERMS = ("VRAM", "GiB", "GB/s", "LoRA", "GGUF", "O_DIRECT", "torchao", "CUDA", "UNETLoader")

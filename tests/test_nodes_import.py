@@ -19,6 +19,7 @@ PURE_MODULES = (
     "input_error", "planning.config", "patcher.live_layout", "patcher.dynamic",
     "patcher.recovery", "ui.stats", "ui.report", "ui.api", "ui.json_body", "ui.pusher", "ui.prompt_reads", "planning.prompt_networks",
     "planning.group_source",
+    "planning.loader_swap",
 )  # fmt: skip
 COMFY_MODULES = (
     "extension", "offload_node", "loader_node", "report_node", "text_encoder_node",

@@ -10,11 +10,13 @@ counts as available: a prompt that plans them again replaces or keeps them.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import comfy.model_management as mm
@@ -30,7 +32,9 @@ from ...offload_core.planner.machine import read_machine
 from ...offload_core.runtime.memory import process_memory
 from ...offload_core.tools.monitor import read_offloads
 from ..input_error import NodeInputError
+from ..patcher.comfy_core import core_copies_model_files
 from .config import NodeSettings
+from .loader_swap import ferry_loader, registered_widgets
 from .prompt_networks import FERRY_NODES, PromptNetwork, prompt_networks, sampler_steps
 
 log = logging.getLogger("ferry")
@@ -40,6 +44,8 @@ log = logging.getLogger("ferry")
 class PromptPlan:
     networks: tuple[PromptNetwork, ...]
     plan: GraphPlan
+    #: Loader node id -> its "Use Ferry's loader" entry (loader_swap.py), for core loaders.
+    swaps: Mapping[str, dict[str, Any]] = field(default_factory=dict)
 
     def choice_for(self, ferry_id: str) -> Choice | None:
         for n, c in zip(self.networks, self.plan.choices):
@@ -51,6 +57,7 @@ class PromptPlan:
         body = self.plan.as_dict()
         for entry, n in zip(body["networks"], self.networks):
             entry.update(loader_node=n.loader_id, ferry_node=n.ferry_id, files=list(n.files))
+            entry["ferry_loader"] = self.swaps.get(n.loader_id)
         return body
 
 
@@ -99,6 +106,38 @@ def find_model_file(folder: str, name: str) -> str | None:
         return folder_paths.get_full_path(folder, name)  # type: ignore[no-any-return]
     except KeyError:  # a folder name this core does not know (a pack's, not installed)
         return None
+
+
+def _registered(ferry_class: str) -> dict[str, list[Any] | None] | None:
+    """A node's widgets as this server lists them in /object_info (None: not registered):
+    read from core's own top-level ``nodes`` module (not this pack's folder of that name)."""
+    cls = importlib.import_module("nodes").NODE_CLASS_MAPPINGS.get(ferry_class)
+    return None if cls is None else registered_widgets(cls.INPUT_TYPES())
+
+
+def _swaps(prompt: dict[str, Any], networks: list[PromptNetwork]) -> dict[str, dict[str, Any]]:
+    """Each core loader's "Use Ferry's loader" entry, with the Ferry nodes after it. Core's
+    loader holds a network in RAM where this core copies the file, or where it converts the
+    weights (the bytes it holds are not the file's: not ``in_place``)."""
+    copies = core_copies_model_files()
+    after: dict[str, list[str]] = {}
+    holds: dict[str, bool] = {}
+    for n in networks:
+        holds[n.loader_id] = holds.get(n.loader_id, copies) or not n.facts.in_place
+        ferry = after.setdefault(n.loader_id, [])
+        title = (
+            re.sub(r"(?<=[a-z])(?=[A-Z])", " ", prompt[n.ferry_id]["class_type"])
+            if n.ferry_id
+            else None
+        )
+        if title and title not in ferry:
+            ferry.append(title)
+    out = {}
+    for loader_id, ferry in after.items():
+        entry = ferry_loader(loader_id, prompt[loader_id], ferry, _registered, holds[loader_id])
+        if entry is not None:
+            out[loader_id] = entry
+    return out
 
 
 def _pin_limit() -> int | None:
@@ -184,7 +223,7 @@ def plan_prompt(
     plan = plan_graph(
         machine, [n.facts for n in networks], process_ram=process, steps=sampler_steps(prompt)
     )
-    return PromptPlan(tuple(networks), plan)
+    return PromptPlan(tuple(networks), plan, _swaps(prompt, networks))
 
 
 _last: dict[str, Any] = {"key": None, "plan": None}

@@ -9,6 +9,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { el as node, fmtBytes as gib } from "./ferry_dom.js";
 import { planPicture } from "./ferry_pictures.js";
+import { swapRow } from "./ferry_swap.js";
 
 const plan = { result: null, status: "" };
 let t = (key) => key; // ferry.js's translator, set by planSection
@@ -52,9 +53,9 @@ function budgetBox(redraw) {
   return node("div", { class: "ferry-budgets" }, `${t("budgetVram")} `, vram, ` ${t("budgetRam")} `, ram, " ", save);
 }
 
-function networkCard(n, room) {
+function networkCard(n, room, swapRows) {
   const file = (n.files || []).map((f) => f.split(/[\\/]/).pop()).join(" + ");
-  return node(
+  const card = node(
     "div",
     { class: "ferry-card", "data-ferry-plan": n.name },
     node("div", { class: "ferry-name" }, `${n.title} → ${n.tier}`),
@@ -62,9 +63,28 @@ function networkCard(n, room) {
     node("div", { class: "ferry-why" }, n.reason),
     planPicture(n, room, t), // its bars and time (ferry_pictures.js)
   );
+  const row = swapRows(n.ferry_loader);
+  if (row) card.append(row);
+  return card;
 }
 
-function drawResult(out) {
+// "Use Ferry's loader" (ferry_swap.js), once per core loader node: a swapped node's rows go,
+// its message stays until the next plan.
+function swapRows(redraw) {
+  const shown = new Set();
+  return (entry) => {
+    if (!entry || shown.has(entry.node_id)) return null;
+    shown.add(entry.node_id);
+    return swapRow(entry, t, (message, swapped) => {
+      plan.status = message;
+      if (!swapped) return redraw();
+      for (const n of plan.result?.networks || []) if (n.ferry_loader?.node_id === entry.node_id) n.ferry_loader = null;
+      redraw();
+    });
+  };
+}
+
+function drawResult(out, redraw) {
   const children = [];
   if (plan.status) children.push(node("div", { class: "ferry-status" }, plan.status));
   const p = plan.result;
@@ -76,7 +96,8 @@ function drawResult(out) {
     // The planner's predicted time, said (in its own words) for what it is: transfer-bound
     // until a prompt measured compute.
     if (p.time) children.push(node("div", { class: "ferry-muted", "data-ferry-time": "" }, p.time));
-    for (const n of p.networks) children.push(networkCard(n, p.room));
+    const rows = swapRows(redraw);
+    for (const n of p.networks) children.push(networkCard(n, p.room, rows));
   }
   out.replaceChildren(...children);
 }
@@ -86,7 +107,7 @@ function drawResult(out) {
 export function planSection(translate) {
   t = translate;
   const out = node("div", { id: "ferry-plan-result" });
-  const redraw = () => drawResult(out);
+  const redraw = () => drawResult(out, redraw);
   const box = node("div", { class: "ferry-plan", id: "ferry-plan" }, node("h4", {}, t("plan")));
   box.append(node("button", { class: "ferry-btn", id: "ferry-plan-btn", onclick: () => planWorkflow(redraw) }, t("planThisWorkflow")));
   box.append(budgetBox(redraw), out);
