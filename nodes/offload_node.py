@@ -20,6 +20,8 @@ from .offload_inputs import NodeText, offload_schema
 from .patcher.dynamic import DYNAMIC_VRAM_HELP
 from .patcher.patcher import ferry_clone
 from .planning.config import ComfyOffload, NodeSettings, check_disk_folder
+from .planning.graph_plan import find_model_file
+from .planning.loader_files import loader_files
 from .planning.offload_policy import (
     check_against_model,
     default_disk_path,
@@ -47,7 +49,8 @@ class FerryOffloadNode(io.ComfyNode):
     def execute(cls, use_panel_settings: bool, **inputs: Any) -> io.NodeOutput:
         obj = inputs.pop(cls.SITE.control)  # the rest are the widgets, parsed once here
         settings = None if use_panel_settings else NodeSettings.parse(inputs)
-        return cls.offload(obj, cls.name_of(obj), settings, cls.source_of(obj))
+        source = cls.source_of(obj) or cls.loaded_from(obj)
+        return cls.offload(obj, cls.name_of(obj), settings, source)
 
     @classmethod
     def name_of(cls, obj: Any) -> str:
@@ -59,6 +62,20 @@ class FerryOffloadNode(io.ComfyNode):
     def source_of(cls, obj: Any) -> str | None:
         """The file the network's weights are in as they are (None: none Ferry reads)."""
         return None
+
+    @classmethod
+    def loaded_from(cls, obj: Any) -> str | None:
+        """The file the core loader before this node read the network from, by the prompt's
+        inputs (planning/loader_files.py); the disk tier reads the groups that are still
+        that file's bytes from it. None where it is not one file."""
+        hidden = getattr(cls, "hidden", None)
+        files = loader_files(
+            getattr(hidden, "prompt", None),
+            getattr(hidden, "unique_id", None),
+            cls.SITE.control,
+            find_model_file,
+        )
+        return files[0] if len(files) == 1 else None
 
     @classmethod
     def fingerprint_inputs(cls, use_panel_settings: bool, **kwargs: object) -> object:

@@ -81,7 +81,8 @@ def _keeps() -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def _find(folder: str, name: str) -> str | None:
+def find_model_file(folder: str, name: str) -> str | None:
+    """The full path of the model file ``name`` in ComfyUI's ``folder``; None: not there."""
     try:
         return folder_paths.get_full_path(folder, name)  # type: ignore[no-any-return]
     except KeyError:  # a folder name this core does not know (a pack's, not installed)
@@ -164,7 +165,7 @@ def plan_prompt(
     held = held or {}
     networks = [
         replace(n, facts=replace(n.facts, held_bytes=held.get(n.ferry_id or "", 0)))
-        for n in prompt_networks(prompt, _find, _cast, wish_of, _keeps())
+        for n in prompt_networks(prompt, find_model_file, _cast, wish_of, _keeps())
     ]
     machine = host_machine(_disk_folder(prompt, default_folder), budgets)
     process = max(0, process_memory().rss - sum(n.facts.held_bytes for n in networks))
