@@ -185,3 +185,44 @@ def test_only_the_groups_a_change_touched_are_written(tmp_path: Path) -> None:
         del model, block
     assert written == ["group-00000.safetensors", "group-00001.safetensors"]
     assert torch.equal(out, ref)
+
+
+# -- the file a host names (source_checkpoint), by the tensors' names ---------------------------
+
+
+class Holder(nn.Module):
+    """A host's wrapper whose names carry a prefix the file's keys do not (a CLIP's
+    ``t5xxl.transformer.`` before the T5 file's ``encoder.``)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.transformer = inner
+
+    def forward(self, **x: torch.Tensor) -> torch.Tensor:
+        return self.transformer(**x)
+
+
+@pytest.mark.parametrize("same_file", [True, False])
+def test_a_named_file_is_read_where_its_bytes_are_the_groups(
+    tmp_path: Path, same_file: bool
+) -> None:
+    x, ref = reference("bf16")
+    saved = make_model("bf16").state_dict()
+    if not same_file:  # the right names, shapes and dtypes; other values
+        saved = {k: v + 1 if v.is_floating_point() else v for k, v in saved.items()}
+    ckpt = write(tmp_path / "model.safetensors", saved)
+    model = Holder(make_model("bf16"))  # copies in RAM: found by name, compared by bytes
+    store = tmp_path / "offload"
+    tier = DiskTier(str(store), source_checkpoint=str(ckpt))
+    handle = apply_offload(model, OffloadPolicy(tier=tier), onload_device="cpu")
+    written = list(store.rglob("group-*.safetensors"))
+    with torch.no_grad():
+        out = model(**x)
+    st = handle.stats()
+    handle.remove()
+    assert torch.equal(out, ref)
+    if same_file:
+        assert written == []
+        assert any(n.startswith(f"read in place from {ckpt}") for n in st.notes), st.notes
+    else:
+        assert len(written) == st.groups - st.resident_groups
