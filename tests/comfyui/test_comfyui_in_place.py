@@ -81,7 +81,7 @@ def test_unet_loader_then_disk_tier_writes_no_group_file(
         graph([ferry(tier="disk", level=level, disk_path=str(disk))], f"disk-{level}", seed=30),
     )
     assert torch.equal(got, plain)
-    folder = folder_of(client, "MMDiT")
+    folder = folder_of(client, "MMDIT")
     assert folder.is_relative_to(disk)
     assert only_the_marker(folder)
     model = server.base / "models" / "diffusion_models" / MODEL_FILE
@@ -97,7 +97,7 @@ def test_lora_before_ferry_writes_only_the_groups_it_changed(
     chain = [lora(), ferry(tier="disk", disk_path=str(disk))]
     got = run_latent(client, server, graph(chain, "disk-lora", seed=31))
     assert torch.equal(got, plain)
-    written = sorted(p.name for p in folder_of(client, "MMDiT").glob(GROUP_FILES))
+    written = sorted(p.name for p in folder_of(client, "MMDIT").glob(GROUP_FILES))
     # The tiny LoRA changes joint blocks 0 and 1 of three (make_tiny_models.py): one group
     # each at block level; the third block and the rest are read from the file.
     assert written == ["group-00000.safetensors", "group-00001.safetensors"], written
