@@ -27,7 +27,7 @@ from torch import nn
 from ..disk.plan import ReadPlan
 from ..formats.safetensors import byte_view
 from ..model.grouping import GroupSpec
-from ..model.layout import Entry
+from ..model.layout import Entry, Part
 from ..model.plan import OffloadPlan
 from ..policy import DiskTier
 from .backing_file import backing_files
@@ -147,10 +147,14 @@ class ModelOrigin:
         index: CheckpointIndex | None = None
         spans = []
         for e in entries:
+            first: tuple[CheckpointIndex, str] | None = None
             for i, part in enumerate(e.parts):
-                got = self.in_place.get(_part_name(e, i)) or self._by_name(e)
+                got = self.in_place.get(_part_name(e, i)) or self._by_name(e, i)
+                if got is None and first is not None:
+                    got = _beside(first, part)
                 if got is None or (index is not None and got[0].path != index.path):
                     return None
+                first = first or got
                 index, key = index or got[0], got[1]
                 st = index.entries[key]
                 if not part.contiguous or st.start % part.dtype.itemsize:
@@ -158,12 +162,18 @@ class ModelOrigin:
                 spans.append((key, part.offset, part.nbytes))
         return None if index is None else (index, spans)
 
-    def _by_name(self, e: Entry) -> tuple[CheckpointIndex, str] | None:
+    def _by_name(self, e: Entry, i: int = 0) -> tuple[CheckpointIndex, str] | None:
+        """``source_checkpoint``'s key of the entry's part ``i`` by the entry's name: a plain
+        tensor stored as it is held, or a quantized weight's data (its first part) stored
+        with its dtype and shape (its scale: ``_beside``)."""
         key = self.by_name.get(e.qualname)
         index = self.index
-        if index is None or key is None or index.stored(key, e) != Stored.VERBATIM:
+        if index is None or key is None:
             return None
-        return index, key
+        if e.subclass is None:
+            return (index, key) if index.stored(key, e) == Stored.VERBATIM else None
+        st, part = index.entries[key], e.parts[i]
+        return (index, key) if i == 0 and (st.dtype, st.shape) == (part.dtype, part.size) else None
 
     def _keys(self, entries: list[Entry]) -> list[str]:
         return [self.by_name.get(e.qualname, "") for e in entries]
@@ -226,6 +236,26 @@ class ModelOrigin:
 
     def restore_outside(self) -> None:
         pass
+
+
+#: How core's quantized formats name a weight's scale beside it (fp8_scaled, comfy_quant).
+SCALE_NAMES = ("scale_weight", "weight_scale")
+
+
+def _beside(first: tuple[CheckpointIndex, str], part: Part) -> tuple[CheckpointIndex, str] | None:
+    """The key of a quantized weight's scale that its loader copied out of the file (a
+    scalar core keeps as its own tensor): stored beside the weight's own key, under the
+    name its format gives it, with the part's dtype and size. Its bytes are compared with
+    the file's like every other (``read_plan``)."""
+    index, key = first
+    if not key.endswith("weight"):
+        return None
+    base = key[: -len("weight")]
+    for name in SCALE_NAMES:
+        st = index.entries.get(base + name)
+        if st is not None and st.dtype == part.dtype and st.shape == part.size:
+            return index, st.key
+    return None
 
 
 def _part_name(e: Entry, i: int) -> str:

@@ -118,3 +118,32 @@ def test_clip_loader_then_disk_tier_writes_no_group_file(client: Client, server:
     path = server.base / "models" / "text_encoders" / T5
     assert f"ferry: read in place from {path}" in log_text(server)
     client.unload_models(within_s=60)
+
+
+FP8 = "ferry-tiny-sd3-fp8scaled.safetensors"  # make_tiny_models.py: core's fp8_scaled format
+
+
+@pytest.mark.parametrize("level", ["block", "leaf"])
+def test_fp8_scaled_file_is_read_in_place_behind_either_loader(
+    client: Client, server: Server, level: str
+) -> None:
+    """Its stored fp8 weights and their scales are read from the file: behind UNETLoader
+    (core's QuantizedTensor: its data and its scale compared with the file's) and behind
+    Ferry's own loader (built on meta from the file)."""
+    unet = ("UNETLoader", {"unet_name": FP8, "weight_dtype": "default"})
+    plain = run_latent(client, server, graph([], f"fp8-plain-{level}", loader=unet, seed=32))
+    ours = (
+        "FerryLoadDiffusionModelQuantized",
+        {"unet_name": FP8, "quant_preset": "none", "cache": False, "weight_dtype": "default"},
+    )
+    for name, loader in (("unet", unet), ("ferry", ours)):
+        disk = server.base / "temp" / f"ferry-disk-fp8-{name}-{level}"
+        chain = [ferry(tier="disk", level=level, disk_path=str(disk))]
+        got = run_latent(
+            client, server, graph(chain, f"fp8-{name}-{level}", loader=loader, seed=32)
+        )
+        assert torch.equal(got, plain), name
+        assert only_the_marker(folder_of(client, "MMDIT")), name
+        client.unload_models(within_s=60)
+    path = server.base / "models" / "diffusion_models" / FP8
+    assert f"ferry: read in place from {path}: " in log_text(server)
