@@ -20,11 +20,10 @@ from ..seam.model_files import gguf_file_of
 from ..seam.site import DIFFUSION_MODEL, NetworkSite
 from .input_error import NodeInputError
 from .offload_inputs import NodeText, offload_schema
-from .patcher.comfy_core import core_copies_model_files
 from .patcher.dynamic import DYNAMIC_VRAM_HELP
 from .patcher.patcher import ferry_clone
 from .planning.config import ComfyOffload, NodeSettings, check_disk_folder
-from .planning.graph_plan import find_model_file
+from .planning.graph_plan import core_copies_model_files, find_model_file
 from .planning.loader_files import copy_note, loader_files, named_files, upstream_loader
 from .planning.offload_policy import (
     check_against_model,

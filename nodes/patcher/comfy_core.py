@@ -204,10 +204,3 @@ def clip_model_options(device: str) -> dict[str, Any]:
     if device == "cpu":
         return {"load_device": torch.device("cpu"), "offload_device": torch.device("cpu")}
     return {}
-
-
-def core_copies_model_files() -> bool:
-    """Whether this core reads a model file whole into RAM before it builds the network
-    (v0.3.64, v0.8: about 2.1x the file at the loader's peak, facts.md); from v0.15 core has
-    ``load_safetensors``, whose tensors stay pages of the file's mapping."""
-    return not hasattr(comfy.utils, "load_safetensors")

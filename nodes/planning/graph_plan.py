@@ -30,6 +30,7 @@ from ...offload_core.runtime.memory import process_memory
 from ...offload_core.tools.monitor import read_offloads
 from ..input_error import NodeInputError
 from .config import NodeSettings
+from .loader_files import IN_PLACE_LOADERS, copy_note
 from .prompt_networks import FERRY_NODES, PromptNetwork, prompt_networks, sampler_steps
 
 log = logging.getLogger("ferry")
@@ -39,6 +40,8 @@ log = logging.getLogger("ferry")
 class PromptPlan:
     networks: tuple[PromptNetwork, ...]
     plan: GraphPlan
+    #: Per network: what its core loader costs where it copies the file first (loader_note).
+    loader_notes: tuple[str | None, ...] = ()
 
     def choice_for(self, ferry_id: str) -> Choice | None:
         for n, c in zip(self.networks, self.plan.choices):
@@ -50,6 +53,8 @@ class PromptPlan:
         body = self.plan.as_dict()
         for entry, n in zip(body["networks"], self.networks):
             entry.update(loader_node=n.loader_id, ferry_node=n.ferry_id, files=list(n.files))
+        for entry, note in zip(body["networks"], self.loader_notes):
+            entry["loader_note"] = note
         return body
 
 
@@ -79,6 +84,25 @@ def _keeps() -> tuple[str, ...]:
     return ("fp8_scaled", "comfy_quant") if hasattr(comfy.utils, "convert_old_quants") else (
         "fp8_scaled",
     )  # fmt: skip
+
+
+def core_copies_model_files() -> bool:
+    """Whether this core reads a model file whole into RAM before it builds the network
+    (v0.3.64, v0.8: about 2.1x the file at the loader's peak, facts.md); from v0.15 core has
+    ``load_safetensors``, whose tensors stay pages of the file's mapping."""
+    return not hasattr(comfy.utils, "load_safetensors")
+
+
+def loader_note(prompt: dict[str, Any], network: PromptNetwork) -> str | None:
+    """What the network's core loader costs where this core copies the file into RAM first,
+    and Ferry's loader that does not (None: it does not, or it is not such a loader)."""
+    node = prompt.get(network.loader_id)
+    loader = node.get("class_type") if isinstance(node, dict) else None
+    if not core_copies_model_files() or loader not in IN_PLACE_LOADERS:
+        return None
+    files = tuple(f for f in network.files if f)
+    size = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
+    return copy_note(str(loader), files, size, network.facts.nbytes)
 
 
 def find_model_file(folder: str, name: str) -> str | None:
@@ -172,7 +196,8 @@ def plan_prompt(
     plan = plan_graph(
         machine, [n.facts for n in networks], process_ram=process, steps=sampler_steps(prompt)
     )
-    return PromptPlan(tuple(networks), plan)
+    notes = tuple(loader_note(prompt, n) for n in networks)
+    return PromptPlan(tuple(networks), plan, notes)
 
 
 _last: dict[str, Any] = {"key": None, "plan": None}
