@@ -8,28 +8,32 @@ happens when ComfyUI loads the model for sampling.
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any, ClassVar
 
 from comfy_api.latest import io, ui
 
+from ..offload_core.model.layout import module_nbytes
 from ..offload_core.policy import AUTO
 from ..seam.model_files import gguf_file_of
 from ..seam.site import DIFFUSION_MODEL, NetworkSite
 from .input_error import NodeInputError
 from .offload_inputs import NodeText, offload_schema
+from .patcher.comfy_core import core_copies_model_files
 from .patcher.dynamic import DYNAMIC_VRAM_HELP
 from .patcher.patcher import ferry_clone
 from .planning.config import ComfyOffload, NodeSettings, check_disk_folder
 from .planning.graph_plan import find_model_file
-from .planning.group_source import core_loader_file
+from .planning.loader_files import copy_note, loader_files, named_files, upstream_loader
 from .planning.offload_policy import (
     check_against_model,
     default_disk_path,
     node_policy,
     settings_fingerprint,
 )
-from .planning.prompt_networks import LOADERS
 
+log = logging.getLogger("ferry")
 NODE_ID = "FerryOffloadModel"  # stable forever: saved workflows refer to it
 
 
@@ -51,6 +55,7 @@ class FerryOffloadNode(io.ComfyNode):
         obj = inputs.pop(cls.SITE.control)  # the rest are the widgets, parsed once here
         settings = None if use_panel_settings else NodeSettings.parse(inputs)
         source = cls.source_of(obj) or cls.loaded_from(obj)
+        cls.say_if_the_loader_copied(obj)
         return cls.offload(obj, cls.name_of(obj), settings, source)
 
     @classmethod
@@ -67,13 +72,35 @@ class FerryOffloadNode(io.ComfyNode):
     @classmethod
     def loaded_from(cls, obj: Any) -> str | None:
         """The file the core loader before this node read the network from, by the prompt's
-        inputs, as the pre-flight finds it (planning/group_source.py): the disk tier reads
-        the groups that are still that file's bytes from it. None: none to read."""
-        if getattr(cls.SITE.patcher_of(obj), "patches", None):
-            return None  # patched weights are not the file's
+        inputs (planning/loader_files.py); the disk tier reads the groups that are still
+        that file's bytes from it. None where it is not one file."""
         hidden = getattr(cls, "hidden", None)
-        prompt, node_id = getattr(hidden, "prompt", None), getattr(hidden, "unique_id", None)
-        return core_loader_file(prompt, node_id, cls.SITE.control, find_model_file, LOADERS)
+        files = loader_files(
+            getattr(hidden, "prompt", None),
+            getattr(hidden, "unique_id", None),
+            cls.SITE.control,
+            find_model_file,
+        )
+        return files[0] if len(files) == 1 else None
+
+    @classmethod
+    def say_if_the_loader_copied(cls, obj: Any) -> None:
+        """Where this core's loader before the node read the file whole into RAM first,
+        the log says what that cost at the loader's peak, and which of Ferry's loaders
+        avoids it."""
+        if not core_copies_model_files():
+            return
+        hidden = getattr(cls, "hidden", None)
+        found = upstream_loader(
+            getattr(hidden, "prompt", None), getattr(hidden, "unique_id", None), cls.SITE.control
+        )
+        files = named_files(found, find_model_file) if found is not None else ()
+        if not files or found is None:
+            return
+        network = cls.SITE.network_of(getattr(cls.SITE.patcher_of(obj), "model", None))
+        held = module_nbytes(network) if network is not None else 0
+        size = sum(os.path.getsize(f) for f in files)
+        log.warning("ferry: %s", copy_note(found[0], files, size, held))
 
     @classmethod
     def fingerprint_inputs(cls, use_panel_settings: bool, **kwargs: object) -> object:

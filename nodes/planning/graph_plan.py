@@ -34,6 +34,7 @@ from ...offload_core.tools.monitor import read_offloads
 from ..input_error import NodeInputError
 from ..patcher.comfy_core import core_copies_model_files
 from .config import NodeSettings
+from .loader_files import IN_PLACE_LOADERS, copy_note
 from .loader_swap import ferry_loader, registered_widgets
 from .prompt_networks import FERRY_NODES, PromptNetwork, prompt_networks, sampler_steps
 
@@ -46,6 +47,8 @@ class PromptPlan:
     plan: GraphPlan
     #: Loader node id -> its "Use Ferry's loader" entry (loader_swap.py), for core loaders.
     swaps: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    #: Per network: what its core loader costs where it copies the file first (loader_note).
+    loader_notes: tuple[str | None, ...] = ()
 
     def choice_for(self, ferry_id: str) -> Choice | None:
         for n, c in zip(self.networks, self.plan.choices):
@@ -58,6 +61,8 @@ class PromptPlan:
         for entry, n in zip(body["networks"], self.networks):
             entry.update(loader_node=n.loader_id, ferry_node=n.ferry_id, files=list(n.files))
             entry["ferry_loader"] = self.swaps.get(n.loader_id)
+        for entry, note in zip(body["networks"], self.loader_notes):
+            entry["loader_note"] = note
         return body
 
 
@@ -98,6 +103,18 @@ def _loader_cost(loader: str) -> tuple[LoaderCost, str] | None:
     cost = loader_cost(loader, str(__version__))
     said = load_sentence(loader, str(__version__))
     return None if cost is None or said is None else (cost, said)
+
+
+def loader_note(prompt: dict[str, Any], network: PromptNetwork) -> str | None:
+    """What the network's core loader costs where this core copies the file into RAM first,
+    and Ferry's loader that does not (None: it does not, or it is not such a loader)."""
+    node = prompt.get(network.loader_id)
+    loader = node.get("class_type") if isinstance(node, dict) else None
+    if not core_copies_model_files() or loader not in IN_PLACE_LOADERS:
+        return None
+    files = tuple(f for f in network.files if f)
+    size = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
+    return copy_note(str(loader), files, size, network.facts.nbytes)
 
 
 def find_model_file(folder: str, name: str) -> str | None:
@@ -223,7 +240,8 @@ def plan_prompt(
     plan = plan_graph(
         machine, [n.facts for n in networks], process_ram=process, steps=sampler_steps(prompt)
     )
-    return PromptPlan(tuple(networks), plan, _swaps(prompt, networks))
+    notes = tuple(loader_note(prompt, n) for n in networks)
+    return PromptPlan(tuple(networks), plan, _swaps(prompt, networks), notes)
 
 
 _last: dict[str, Any] = {"key": None, "plan": None}

@@ -38,9 +38,11 @@ class Mappings:
         at = {c.buf_offset: c.file_offset for c in plan.chunks}
         forms = []
         for e in entries:
-            part = e.parts[0]
-            start = at[part.offset]
-            forms.append(whole[start : start + part.nbytes].view(part.dtype).view(part.size))
+            views = [
+                whole[at[p.offset] : at[p.offset] + p.nbytes].view(p.dtype).view(p.size)
+                for p in e.parts
+            ]
+            forms.append(e.around(views))  # a quantized weight: its data and scale, rebuilt
         return forms
 
     def forget(self, path: Path) -> None:

@@ -21,6 +21,11 @@ class FileMapping(NamedTuple):
     hi: int
     path: str
     deleted: bool
+    #: Where in the file ``lo`` is (bytes), and the file's device and inode as the kernel
+    #: names them: what says the path still names the file that was mapped.
+    offset: int = 0
+    dev: tuple[int, int] = (0, 0)
+    inode: int = 0
 
 
 def file_mappings(maps: Path = MAPS) -> list[FileMapping]:
@@ -37,7 +42,18 @@ def file_mappings(maps: Path = MAPS) -> list[FileMapping]:
         lo, hi = (int(x, 16) for x in fields[0].split("-"))
         path = fields[5]
         deleted = path.endswith(_DELETED)
-        out.append(FileMapping(lo, hi, path[: -len(_DELETED)] if deleted else path, deleted))
+        major, minor = (int(x, 16) for x in fields[3].split(":"))
+        out.append(
+            FileMapping(
+                lo,
+                hi,
+                path[: -len(_DELETED)] if deleted else path,
+                deleted,
+                int(fields[2], 16),
+                (major, minor),
+                int(fields[4]),
+            )
+        )
     return sorted(out)
 
 

@@ -196,7 +196,10 @@ class Entry:
     # -- building forms around a buffer ------------------------------------------------
     def build(self, buf: torch.Tensor) -> torch.Tensor:
         """A tensor of this entry's kind whose data are views into ``buf``."""
-        views = [p.view(buf) for p in self.parts]
+        return self.around([p.view(buf) for p in self.parts])
+
+    def around(self, views: list[torch.Tensor]) -> torch.Tensor:
+        """A tensor of this entry's kind around ``views``, one per part (its inner tensors)."""
         if self.subclass is None:
             return views[0]
         inner = dict(zip(self.inner_names, views))

@@ -84,6 +84,26 @@ class CheckpointIndex:
                     return prefix
         return None
 
+    def keys_for(self, names: list[str]) -> dict[str, str]:
+        """The key of each of ``names`` the file holds: under the file's prefix
+        (``prefix_for``), or, where the model's names carry a prefix of their own (a CLIP's
+        ``clip_l.transformer.`` before the file's ``text_model.``), without it. Found by
+        name alone: the caller checks shapes, dtypes and bytes."""
+        prefix = self.prefix_for(names)
+        if prefix is not None:
+            return {n: prefix + n for n in names if prefix + n in self.entries}
+        for probe in names:
+            parts = probe.split(".")
+            for i in range(1, len(parts)):
+                tail = ".".join(parts[i:])
+                if tail in self.entries:
+                    head = len(probe) - len(tail)
+                    own = probe[:head]
+                    return {
+                        n: n[head:] for n in names if n.startswith(own) and n[head:] in self.entries
+                    }
+        return {}
+
     def match(self, model: nn.Module, prefix: str = "") -> dict[str, str]:
         """The key of every persistent meta tensor of ``model`` (by each of its state-dict
         names), checked: each is in the file under ``prefix`` with its shape and a dtype
@@ -160,7 +180,15 @@ class CheckpointIndex:
     ) -> ReadPlan | None:
         """``read_plan``, if the file's bytes are ``packed``'s (read and compared once,
         now); None where the weights differ from the file's."""
-        plan = self.read_plan(keys, entries, packed, direct)
+        spans = [(k, e.parts[0].offset, e.parts[0].nbytes) for k, e in zip(keys, entries)]
+        return self.read_plan_spans_if_same(spans, packed, direct)
+
+    def read_plan_spans_if_same(
+        self, spans: list[tuple[str, int, int]], packed: torch.Tensor, direct: bool
+    ) -> ReadPlan | None:
+        """``read_plan_spans``, if the file's bytes are ``packed``'s (read and compared
+        once, now); None where the weights differ from the file's."""
+        plan = self.read_plan_spans(spans, packed, direct)
         check = torch.empty_like(packed)
         try:
             for c in plan.chunks:
