@@ -20,6 +20,7 @@ PURE_MODULES = (
     "patcher.recovery", "ui.stats", "ui.report", "ui.api", "ui.json_body", "ui.pusher", "ui.prompt_reads", "planning.prompt_networks",
     "planning.group_source",
     "planning.loader_swap",
+    "planning.loader_files",
 )  # fmt: skip
 COMFY_MODULES = (
     "extension", "offload_node", "loader_node", "report_node", "text_encoder_node",
