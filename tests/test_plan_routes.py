@@ -44,6 +44,18 @@ def test_post_plan_refuses_what_is_not_a_workflow(body: Any) -> None:
     assert status == 400 and reply["setting"] == "prompt" and "API format" in reply["error"]
 
 
+def test_post_plan_answers_a_ferry_nodes_bad_widget_with_a_400_naming_it() -> None:
+    # The plan parses each Ferry node's widgets (graph_plan.py): a bad one is the user's to fix.
+    input_error = importlib.import_module(f"{PACK_NAME}.nodes.input_error")
+
+    def plan(prompt: dict[str, Any]) -> dict[str, Any]:
+        raise input_error.NodeInputError("tier", "must be one of ['auto', ...] (node 2)")
+
+    status, reply = api.post_plan(PROMPT, plan)
+    assert status == 400 and reply["setting"] == "tier"
+    assert reply["error"].startswith("tier: ") and "(node 2)" in reply["error"]
+
+
 @pytest.mark.parametrize(
     ("body", "setting"),
     [({"prompt": {"1": {"inputs": {}}}}, "prompt.1.class_type"),

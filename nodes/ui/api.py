@@ -21,6 +21,7 @@ from ...offload_core.tools.settings_file import (
     save_budgets,
     save_settings,
 )
+from ..input_error import NodeInputError
 from .stats import current_offloads, fresh_sample, observe_prompt, running_prompt_id, stats_payload
 
 Reply = tuple[int, dict[str, Any]]
@@ -73,6 +74,8 @@ def post_plan(body: Any, plan: Callable[[dict[str, Any]], dict[str, Any]]) -> Re
         return 200, plan(prompt)
     except ConfigError as e:
         return 400, {"error": str(e), "setting": e.setting}
+    except NodeInputError as e:  # a Ferry node's widget, named with its node
+        return 400, {"error": str(e), "setting": e.input_name}
 
 
 def _workflow_error(prompt: Any, prefix: str) -> Reply | None:
