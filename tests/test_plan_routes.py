@@ -70,6 +70,15 @@ def test_post_plan_names_the_node_field_that_is_wrong(body: Any, setting: str) -
     assert status == 400 and reply["setting"] == setting and reply["error"].startswith(setting)
 
 
+def test_a_node_sent_without_its_type_is_named_as_one_the_frontend_could_not_build() -> None:
+    # v0.3.64's frontend (1.27.10) sends a node it failed to build (a VAELoader, there) as
+    # {"inputs": {"UNKNOWN": ...}, "class_type": null}: the user's fix is that node.
+    body = {"prompt": {"10": {"inputs": {"UNKNOWN": "ae.safetensors"}, "class_type": None}}}
+    status, reply = api.post_plan(body, lambda p: pytest.fail("planned a non-workflow"))
+    assert status == 400 and reply["setting"] == "prompt.10.class_type"
+    assert "could not build this node" in reply["error"]
+
+
 def test_post_plan_turns_a_planner_error_into_a_400_naming_the_setting() -> None:
     def plan(prompt: dict[str, Any]) -> dict[str, Any]:
         raise errors.ConfigError("unet_name", "'m.safetensors' is not in models/diffusion_models")
