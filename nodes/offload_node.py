@@ -1,8 +1,9 @@
 """Node "Ferry Offload Model": MODEL -> MODEL whose diffusion model streams through Ferry.
 
-Thin: parses its widgets once (config.py's NodeSettings), has "auto" planned and the choice
-applied as a typed value (planning/offload_policy.py), validates it against the model (the plan; the
-disk folder) before any weight moves, and returns a Ferry clone (patcher.py). The layout itself
+Thin: one call has its widgets parsed, "auto" planned with the whole prompt and the choice
+applied as a typed value (planning/offload_policy.py); the policy is validated against the
+model (the plan; the disk folder) before any weight moves, and a Ferry clone returned
+(patcher.py). The layout itself
 happens when ComfyUI loads the model for sampling.
 """
 
@@ -52,11 +53,22 @@ class FerryOffloadNode(io.ComfyNode):
 
     @classmethod
     def execute(cls, use_panel_settings: bool, **inputs: Any) -> io.NodeOutput:
-        obj = inputs.pop(cls.SITE.control)  # the rest are the widgets, parsed once here
-        settings = None if use_panel_settings else NodeSettings.parse(inputs)
-        source = cls.source_of(obj) or cls.loaded_from(obj)
+        """The node's input with its network loading through Ferry as its widgets (the rest
+        of ``inputs``; use_panel_settings: the panel's saved settings) say."""
+        site = cls.SITE
+        obj = inputs.pop(site.control)
+        network = site.network_of(getattr(site.patcher_of(obj), "model", None))
+        name, widgets = cls.name_of(obj), None if use_panel_settings else inputs
+        policy, choice = node_policy(cls.hidden, widgets, network, name, site.planner_kind)
+        config = ComfyOffload(
+            policy, name=name, kind=site.kind, why=None if choice is None else choice.reason
+        ).with_source_checkpoint(cls.source_of(obj) or cls.loaded_from(obj))  # read in place
         cls.say_if_the_loader_copied(obj)
-        return cls.offload(obj, cls.name_of(obj), settings, source)
+        out = ferry_clone(obj, config, site)
+        if out is None:  # left to ComfyUI's dynamic VRAM; the log says why, once, with the flag
+            return io.NodeOutput(obj, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
+        check_against_model(site.patcher_of(out), config, use_panel_settings)
+        return io.NodeOutput(out)
 
     @classmethod
     def name_of(cls, obj: Any) -> str:
@@ -135,29 +147,6 @@ class FerryOffloadNode(io.ComfyNode):
         except NodeInputError as e:
             return str(e)
         return True
-
-    @classmethod
-    def offload(
-        cls,
-        obj: Any,
-        name: str,
-        settings: NodeSettings | None,
-        source: str | None = None,
-    ) -> io.NodeOutput:
-        """``obj`` (the node's input) with its network loading through Ferry as ``settings``
-        (its widgets, parsed; None: the panel's saved settings) say; ``source``: the file its
-        weights are in as they are (the disk tier reads groups from it)."""
-        site = cls.SITE
-        network = site.network_of(getattr(site.patcher_of(obj), "model", None))
-        policy, choice = node_policy(cls.hidden, settings, network, name, site.planner_kind)
-        config = ComfyOffload(
-            policy, name=name, kind=site.kind, why=None if choice is None else choice.reason
-        ).with_source_checkpoint(source)
-        out = ferry_clone(obj, config, site)
-        if out is None:  # left to ComfyUI's dynamic VRAM; the log says why, once, with the flag
-            return io.NodeOutput(obj, ui=ui.PreviewText(DYNAMIC_VRAM_HELP.format(why="")))
-        check_against_model(site.patcher_of(out), config, settings is None)
-        return io.NodeOutput(out)
 
 
 class FerryOffloadModel(FerryOffloadNode):

@@ -69,10 +69,7 @@ def planned(tmp_path: Path, prompt: dict[str, Any], cast: torch.dtype | None) ->
         p = tmp_path / name
         return str(p) if p.is_file() else None
 
-    def wish_of(inputs: dict[str, Any]) -> Any:
-        return config.NodeSettings.parse(inputs).wish
-
-    (net,) = pn.prompt_networks(prompt, find, lambda kind: cast, wish_of)
+    (net,) = pn.prompt_networks(prompt, find, lambda kind: cast)
     return net.facts
 
 

@@ -87,9 +87,8 @@ def test_the_preflight_takes_the_loaders_peak_from_its_files_size(tmp_path: Path
     cost = lc.LoaderCost(False, 2.0, 1.0)
     costs = {"UNETLoader": (cost, "said")}
     (net,) = pn.prompt_networks(
-        prompt, lambda f, n: str(tmp_path / n), lambda k: None, lambda i: None,
-        costs=costs.get,
+        prompt, lambda f, n: str(tmp_path / n), lambda k: None, costs=costs.get,
     )  # fmt: skip
     assert net.facts.load_peak_bytes == 2 * size and net.facts.load_said == "said"
-    (plain,) = pn.prompt_networks(prompt, lambda f, n: str(tmp_path / n), lambda k: None, None)
+    (plain,) = pn.prompt_networks(prompt, lambda f, n: str(tmp_path / n), lambda k: None)
     assert plain.facts.load_peak_bytes == 0 and plain.facts.load_said is None

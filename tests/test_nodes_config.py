@@ -192,7 +192,9 @@ def test_the_widgets_parse_once_and_say_nothing_of_auto(
 
 
 def test_the_vram_cap_replaces_only_auto() -> None:
-    auto = config.NodeSettings.parse({"vram_budget": "auto"})
-    assert auto.with_vram_cap(oc.units.GIB).vram_budget == oc.units.GIB
-    fixed = config.NodeSettings.parse({"vram_budget": "6"})
-    assert fixed.with_vram_cap(oc.units.GIB).vram_budget == 6 * oc.units.GIB
+    set_all = {"tier": "ram", "blocks_per_group": "1", "prefetch_depth": "1"}
+    auto = config.NodeSettings.parse({**set_all, "vram_budget": "auto"})
+    assert auto.policy(vram_cap=oc.units.GIB).vram_budget == oc.units.GIB
+    assert auto.policy().vram_budget == "auto"
+    fixed = config.NodeSettings.parse({**set_all, "vram_budget": "6"})
+    assert fixed.policy(vram_cap=oc.units.GIB).vram_budget == 6 * oc.units.GIB

@@ -44,6 +44,18 @@ def test_post_plan_refuses_what_is_not_a_workflow(body: Any) -> None:
     assert status == 400 and reply["setting"] == "prompt" and "API format" in reply["error"]
 
 
+def test_post_plan_answers_a_ferry_nodes_bad_widget_with_a_400_naming_it() -> None:
+    # The plan parses each Ferry node's widgets (graph_plan.py): a bad one is the user's to fix.
+    input_error = importlib.import_module(f"{PACK_NAME}.nodes.input_error")
+
+    def plan(prompt: dict[str, Any]) -> dict[str, Any]:
+        raise input_error.NodeInputError("tier", "must be one of ['auto', ...] (node 2)")
+
+    status, reply = api.post_plan(PROMPT, plan)
+    assert status == 400 and reply["setting"] == "tier"
+    assert reply["error"].startswith("tier: ") and "(node 2)" in reply["error"]
+
+
 @pytest.mark.parametrize(
     ("body", "setting"),
     [({"prompt": {"1": {"inputs": {}}}}, "prompt.1.class_type"),
@@ -56,6 +68,15 @@ def test_post_plan_refuses_what_is_not_a_workflow(body: Any) -> None:
 def test_post_plan_names_the_node_field_that_is_wrong(body: Any, setting: str) -> None:
     status, reply = api.post_plan(body, lambda p: pytest.fail("planned a non-workflow"))
     assert status == 400 and reply["setting"] == setting and reply["error"].startswith(setting)
+
+
+def test_a_node_sent_without_its_type_is_named_as_one_the_frontend_could_not_build() -> None:
+    # v0.3.64's frontend (1.27.10) sends a node it failed to build (a VAELoader, there) as
+    # {"inputs": {"UNKNOWN": ...}, "class_type": null}: the user's fix is that node.
+    body = {"prompt": {"10": {"inputs": {"UNKNOWN": "ae.safetensors"}, "class_type": None}}}
+    status, reply = api.post_plan(body, lambda p: pytest.fail("planned a non-workflow"))
+    assert status == 400 and reply["setting"] == "prompt.10.class_type"
+    assert "could not build this node" in reply["error"]
 
 
 def test_post_plan_turns_a_planner_error_into_a_400_naming_the_setting() -> None:

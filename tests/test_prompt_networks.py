@@ -3,6 +3,7 @@ files' headers alone, planned together (the pre-flight's and the "auto" widgets'
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import re
@@ -85,10 +86,13 @@ def networks(files: Path, prompt: dict[str, Any]) -> list[Any]:
         p = files / name
         return str(p) if p.is_file() else None
 
-    def wish_of(inputs: dict[str, Any]) -> Any:
-        return config.NodeSettings.parse(inputs).wish  # as graph_plan.py reads them
-
-    return pn.prompt_networks(prompt, find, lambda kind: None, wish_of)
+    # Each network with its Ferry node's widgets parsed into its wish, as graph_plan.py's
+    # plan_prompt attaches them (prompt_networks says which node offloads which network).
+    return [
+        dataclasses.replace(n, facts=dataclasses.replace(n.facts, wish=config.NodeSettings.parse(
+            prompt[n.ferry_id]["inputs"]).wish)) if n.ferry_id else n
+        for n in pn.prompt_networks(prompt, find, lambda kind: None)
+    ]  # fmt: skip
 
 
 def test_four_networks_read_from_the_prompt_and_headers(files: Path) -> None:

@@ -1,10 +1,7 @@
-"""The planner's choice for a Ferry offload node's network, planned with the whole prompt
-(graph_plan.py), and a choice the user forced that cannot work refused before any work. The
-choice stays a typed value: NodeSettings.policy applies it (config.py).
-
-The node gets the queued prompt and its own id from ComfyUI (V3 hidden inputs). Where it has
-none (a prompt built in code without them) or its network is not found in the prompt (a
-loader the planner does not know), it plans its own network alone, from the network in hand.
+"""What a Ferry offload node's plan reads besides its prompt (offload_policy.py plans the
+prompt, graph_plan.py): the budgets and the panel's wish saved in the settings file, the
+network in hand and what it holds in RAM; and the plan of that network alone, for a node
+whose prompt does not show it (no hidden inputs, or a loader the planner does not know).
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from ...offload_core.planner import Choice, NetworkFacts, Wish, plan_graph
 from ...offload_core.planner.facts import Kind
 from ...offload_core.planner.network_module import network_from_module
 from ...offload_core.tools.settings_file import load_settings
-from ..input_error import NodeInputError, as_node_error
+from ..input_error import NodeInputError
 from . import graph_plan
 from .config import NodeSettings
 
@@ -52,7 +49,7 @@ def network_in_hand(module: Any, name: str, kind: Kind) -> NetworkFacts:
     return network_from_module(module, name, kind)
 
 
-def _held(in_hand: Callable[[], NetworkFacts]) -> int:
+def held_in_ram(in_hand: Callable[[], NetworkFacts]) -> int:
     """The bytes the node's network already holds in RAM (0 where it holds none: a network
     waiting in its file, or an input with no network)."""
     try:
@@ -61,38 +58,17 @@ def _held(in_hand: Callable[[], NetworkFacts]) -> int:
         return 0
 
 
-def planned_choice(
-    hidden: Any,
-    settings: NodeSettings,
-    in_hand: Callable[[], NetworkFacts],
-    default_folder: str,
-) -> Choice | None:
-    """The planner's choice for the node's network (None where nothing was planned: no
-    prompt shows it and nothing is on "auto"). A plan that refuses raises NodeInputError
-    naming the widget."""
-    prompt = getattr(hidden, "prompt", None)
-    node_id = getattr(hidden, "unique_id", None)
-    choice = None
-    try:
-        if isinstance(prompt, dict) and node_id is not None:
-            node = str(node_id).split(".")[0]
-            planned = graph_plan.plan_once(
-                prompt,
-                held=lambda: {node: _held(in_hand)},
-                default_folder=default_folder,
-                budgets=budgets(),
-                panel_wish=panel_wish(),
-            )
-            planned.plan.check()
-            choice = planned.choice_for(node)
-        if choice is None and settings.auto:
-            net = replace(in_hand(), wish=settings.wish)
-            machine = graph_plan.host_machine(settings.disk_folder(default_folder), budgets())
-            choice = plan_graph(machine, [net]).check().choices[0]
-            log.info("ferry plan: %s: %s", net.title, choice.reason)
-    except ConfigError as e:
-        raise as_node_error(e) from None
+def plan_alone(
+    settings: NodeSettings, in_hand: Callable[[], NetworkFacts], default_folder: str
+) -> Choice:
+    """The planner's choice for a node's network planned by itself, from the network in hand:
+    for a node with "auto" whose prompt does not show its network (a prompt built in code
+    without hidden inputs, a loader the planner does not know). Raises ConfigError."""
+    net = replace(in_hand(), wish=settings.wish)
+    machine = graph_plan.host_machine(settings.disk_folder(default_folder), budgets())
+    choice = plan_graph(machine, [net]).check().choices[0]
+    log.info("ferry plan: %s: %s", net.title, choice.reason)
     return choice
 
 
-__all__ = ["NodeInputError", "budgets", "network_in_hand", "planned_choice"]
+__all__ = ["NodeInputError", "budgets", "held_in_ram", "network_in_hand", "plan_alone"]

@@ -125,23 +125,22 @@ class NodeSettings:
         path = self.disk_path.strip()
         return path if path and os.path.isabs(os.path.expanduser(path)) else default
 
-    def with_vram_cap(self, cap: int | None) -> NodeSettings:
-        """Ferry's VRAM budget (the settings file, the sidebar) caps what "auto" keeps."""
-        if cap is None or self.vram_budget != AUTO:
-            return self
-        return replace(self, vram_budget=cap)
-
     def policy(
-        self, choice: Choice | None = None, default_disk_path: str | None = None
+        self,
+        choice: Choice | None = None,
+        default_disk_path: str | None = None,
+        vram_cap: int | None = None,
     ) -> OffloadPolicy:
         """The policy these settings run with: ``choice``, the planner's for this node's
-        network, fills every setting left on "auto" (offload_core/planner/apply.py ``with_choice``); with
-        none, every setting must be set. ``default_disk_path``: the folder an empty disk_path
-        means. Raises NodeInputError naming the widget to change."""
+        network, fills every setting left on "auto" (offload_core/planner/apply.py
+        ``with_choice``); with none, every setting must be set. ``default_disk_path``: the
+        folder an empty disk_path means. ``vram_cap``: Ferry's VRAM budget (the settings
+        file, the sidebar), which caps what vram_budget "auto" keeps. Raises NodeInputError
+        naming the widget to change."""
         if choice is None and self.auto:
             raise NodeInputError("tier", "'auto' needs the planner's choice; none was made")
         try:
-            fixed = self._fixed_policy(default_disk_path)
+            fixed = self._fixed_policy(default_disk_path, vram_cap)
             if choice is None:
                 return fixed
             chose_disk = self.wish.tier is None and choice.tier == "disk"
@@ -149,9 +148,10 @@ class NodeSettings:
         except ConfigError as e:
             raise as_node_error(e) from None
 
-    def _fixed_policy(self, default_disk_path: str | None) -> OffloadPolicy:
+    def _fixed_policy(self, default_disk_path: str | None, vram_cap: int | None) -> OffloadPolicy:
         """What the user set; a setting on "auto" keeps OffloadPolicy's own default until
-        ``with_choice`` replaces it with the planner's."""
+        ``with_choice`` replaces it with the planner's (vram_budget "auto": ``vram_cap``
+        where there is one)."""
         w = self.wish
         level = BlockLevel(w.blocks_per_group or 1) if self.level == "block" else LeafLevel()
         tier: Tier | None = None
@@ -164,7 +164,9 @@ class NodeSettings:
         policy = OffloadPolicy(
             level=level,
             prefetch_depth=w.prefetch_depth or 1,
-            vram_budget=self.vram_budget,
+            vram_budget=vram_cap
+            if self.vram_budget == AUTO and vram_cap is not None
+            else self.vram_budget,
             headroom_bytes=self.headroom_bytes,
             bake_lora=self.bake_lora,
         )

@@ -1,6 +1,6 @@
 """The planner in ComfyUI: a queued prompt's networks (prompt_networks.py) planned together
 on this machine as core counts it, once per prompt, for every Ferry node of the prompt and
-for the pre-flight route alike.
+for the pre-flight route alike (``plan_prompt``).
 
 Core's figures: free VRAM as ``comfy.model_management.get_free_memory`` counts it (what its
 own models could free included), the pin limit ``MAX_PINNED_MEMORY`` (core pins nothing
@@ -43,18 +43,18 @@ log = logging.getLogger("ferry")
 
 @dataclass(frozen=True)
 class PromptPlan:
+    """A prompt's networks and their plan, and what its Ferry nodes asked for: ``settings``,
+    each node's widgets parsed (a node on use_panel_settings has none), and ``choices``, the
+    planner's choice for each Ferry node's network (by node id: a node reads its own)."""
+
     networks: tuple[PromptNetwork, ...]
     plan: GraphPlan
+    settings: Mapping[str, NodeSettings]
+    choices: Mapping[str, Choice]
     #: Loader node id -> its "Use Ferry's loader" entry (loader_swap.py), for core loaders.
     swaps: Mapping[str, dict[str, Any]] = field(default_factory=dict)
     #: Per network: what its core loader costs where it copies the file first (loader_note).
     loader_notes: tuple[str | None, ...] = ()
-
-    def choice_for(self, ferry_id: str) -> Choice | None:
-        for n, c in zip(self.networks, self.plan.choices):
-            if n.ferry_id == ferry_id:
-                return c
-        return None
 
     def as_dict(self) -> dict[str, Any]:
         body = self.plan.as_dict()
@@ -198,18 +198,7 @@ def host_machine(disk_folder: str | None, budgets: tuple[int | None, int | None]
     return replace(machine, ram_available=machine.ram_available + _live_host_ram())
 
 
-def _disk_folder(prompt: dict[str, Any], default: str) -> str:
-    """The disk folder of the prompt's first Ferry node that names one, else the default. A
-    node whose widgets do not parse names none here: its own check reports it."""
-    for node in prompt.values():
-        if isinstance(node, dict) and node.get("class_type") in FERRY_NODES:
-            try:
-                path = NodeSettings.parse(node.get("inputs", {})).disk_folder("")
-            except NodeInputError:
-                continue
-            if path:
-                return path
-    return default
+_last: dict[str, Any] = {"key": None, "plan": None}
 
 
 def plan_prompt(
@@ -218,47 +207,52 @@ def plan_prompt(
     default_folder: str,
     budgets: tuple[int | None, int | None] = (None, None),
     panel_wish: Wish | None = None,
-    held: dict[str, int] | None = None,
+    held: Callable[[], dict[str, int]] | None = None,
 ) -> PromptPlan:
-    """Plans every network ``prompt`` loads (headers only). ``panel_wish``: the Ferry panel's
-    saved settings, for a node with use_panel_settings on. ``held``: Ferry node id -> the
-    bytes its network already holds in RAM (a core loader read it whole): laying it out
-    moves them, and the process's RAM now already counts them."""
-
-    def wish_of(inputs: dict[str, Any]) -> Wish:
-        if inputs.get("use_panel_settings") and panel_wish is not None:
-            return panel_wish
-        return NodeSettings.parse(inputs).wish  # the node's own parser
-
-    held = held or {}
+    """Plans every network ``prompt`` loads (headers only), each Ferry node's widgets parsed
+    once. ``panel_wish``: the panel's saved settings, for a node with use_panel_settings on.
+    ``held``: given by a node of the running prompt, which gets the plan made once for the
+    prompt (the machine changes as its first network is laid out); asked only when planning:
+    Ferry node id -> the bytes its network holds in RAM (a core loader read it whole), which
+    the layout moves and the process's RAM already counts. None: planned afresh (the route)."""
+    kw = (default_folder, budgets, panel_wish)
+    key = None if held is None else json.dumps(prompt, sort_keys=True, default=str) + repr(kw)
+    if key is not None and _last["key"] == key:
+        return _last["plan"]  # type: ignore[no-any-return]
+    ferry = {k: n.get("inputs", {}) for k, n in prompt.items() if _ferry_node(n)}
+    settings: dict[str, NodeSettings] = {}
+    for k, inputs in ferry.items():
+        if not (inputs.get("use_panel_settings") and panel_wish is not None):
+            try:
+                settings[k] = NodeSettings.parse(inputs)
+            except NodeInputError as e:  # the route's answer names the node
+                raise NodeInputError(e.input_name, f"{e.message} (node {k})") from None
+    wishes = {k: settings[k].wish if k in settings else panel_wish for k in ferry}
+    mine = held() if held is not None else {}
     networks = [
-        replace(n, facts=replace(n.facts, held_bytes=held.get(n.ferry_id or "", 0)))
-        for n in prompt_networks(prompt, find_model_file, _cast, wish_of, _keeps(), _loader_cost)
-    ]
-    machine = host_machine(_disk_folder(prompt, default_folder), budgets)
+        replace(n, facts=replace(n.facts, wish=wishes.get(n.ferry_id or "") or Wish(),
+                                 held_bytes=mine.get(n.ferry_id or "", 0)))
+        for n in prompt_networks(prompt, find_model_file, _cast, _keeps(), _loader_cost)
+    ]  # fmt: skip
+    # The disk folder of the prompt's first Ferry node that names one, else the default.
+    folder = next((f for s in settings.values() if (f := s.disk_folder(""))), default_folder)
+    machine = host_machine(folder, budgets)
     process = max(0, process_memory().rss - sum(n.facts.held_bytes for n in networks))
     plan = plan_graph(
         machine, [n.facts for n in networks], process_ram=process, steps=sampler_steps(prompt)
     )
+    choices = {n.ferry_id: c for n, c in zip(networks, plan.choices) if n.ferry_id is not None}
     notes = tuple(loader_note(prompt, n) for n in networks)
-    return PromptPlan(tuple(networks), plan, _swaps(prompt, networks), notes)
-
-
-_last: dict[str, Any] = {"key": None, "plan": None}
-
-
-def plan_once(
-    prompt: dict[str, Any], held: Callable[[], dict[str, int]] | None = None, **kw: Any
-) -> PromptPlan:
-    """``plan_prompt``, once per prompt: every Ferry node of one prompt gets its choice from
-    the same plan (the machine changes as the first network is laid out). ``held`` is asked
-    only when planning: the first node tells what its own network holds in RAM."""
-    key = json.dumps(prompt, sort_keys=True, default=str) + repr(sorted(kw.items()))
-    if _last["key"] != key:
-        _last["plan"] = plan_prompt(prompt, held=held() if held else None, **kw)
-        _last["key"] = key
-        for n, c in zip(_last["plan"].networks, _last["plan"].plan.choices):
+    swaps = _swaps(prompt, networks)
+    planned = PromptPlan(tuple(networks), plan, settings, choices, swaps, notes)
+    if key is not None:
+        _last["key"], _last["plan"] = key, planned
+        for n, c in zip(networks, plan.choices):
             log.info(
                 "ferry plan: %s (%s): %s", c.network.title, n.ferry_id or "no Ferry node", c.reason
             )
-    return _last["plan"]  # type: ignore[no-any-return]
+    return planned
+
+
+def _ferry_node(node: Any) -> bool:
+    return isinstance(node, dict) and node.get("class_type") in FERRY_NODES

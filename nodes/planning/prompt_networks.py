@@ -1,6 +1,6 @@
 """The networks a queued prompt loads, read from the prompt (API format) and their files'
-headers alone: which loader loads which file, which Ferry node (if any) offloads it with
-which settings, and how often a prompt reads it.
+headers alone: which loader loads which file, which Ferry node (if any) offloads it, and
+how often a prompt reads it.
 
 Pure (no ComfyUI import): where a file is and how the host casts it come in as functions,
 so CI walks prompts of any shape (tests/test_prompt_networks.py).
@@ -18,7 +18,7 @@ import torch
 from ...offload_core.errors import ConfigError
 from ...offload_core.formats.weight_dtypes import WEIGHT_DTYPES
 from ...offload_core.offload_kind import OffloadKind
-from ...offload_core.planner.facts import Kind, NetworkFacts, Wish
+from ...offload_core.planner.facts import Kind, NetworkFacts
 from ...offload_core.planner.group_files import group_files
 from ...offload_core.planner.loader_costs import LoaderCost
 from ...offload_core.planner.network_file import network_from_file
@@ -97,8 +97,6 @@ Cast = Callable[[Kind], "torch.dtype | Callable[[torch.dtype, int], torch.dtype 
 #: ``costs(loader class)`` -> its RAM while loading on this host and the sentence saying it,
 #: or None (no row).
 Costs = Callable[[str], "tuple[LoaderCost, str] | None"]
-#: ``wish(inputs)`` -> what a Ferry node's widgets ask for (ConfigError naming a widget).
-WishOf = Callable[[dict[str, Any]], Wish]
 
 
 @dataclass(frozen=True)
@@ -236,14 +234,15 @@ def prompt_networks(
     prompt: dict[str, Any],
     find: Find,
     cast: Cast,
-    wish_of: WishOf,
     keeps: Collection[str] = CORE_FORMATS,
     costs: Costs = lambda loader: None,
 ) -> list[PromptNetwork]:
     """Every network ``prompt`` loads, Ferry's or not: diffusion models, text encoders,
     ControlNets, model patches, CLIP vision models, VAEs. ``keeps``: core's quantized
     formats this host loads as such (planner/stored_sizes.py); ``costs``: each loader's
-    RAM while it loads on this host (planner/loader_costs.py)."""
+    RAM while it loads on this host (planner/loader_costs.py). What a network's Ferry node
+    asks for is its planner's to read (``ferry_id``'s widgets; graph_plan.py parses each
+    once): each network's wish here is the default, nothing asked."""
     if not isinstance(prompt, dict):
         raise ConfigError(
             "prompt", "send the workflow in API format: {node id: {class_type, inputs}}"
@@ -267,11 +266,9 @@ def prompt_networks(
             if facts is None:
                 continue
             ferry_id = ferry_of.get((loader_id, spec.kind))
-            wish = wish_of(prompt[ferry_id].get("inputs", {})) if ferry_id else Wish()
             reads = steps if facts.kind.per_step else 1.0
             facts = replace(
                 facts,
-                wish=wish,
                 ferry=ferry_id is not None,
                 reads_per_prompt=reads,
                 in_place=_in_place(prompt, ferry_id, node["class_type"], facts, find),

@@ -21,6 +21,7 @@ from ...offload_core.tools.settings_file import (
     save_budgets,
     save_settings,
 )
+from ..input_error import NodeInputError
 from .stats import current_offloads, fresh_sample, observe_prompt, running_prompt_id, stats_payload
 
 Reply = tuple[int, dict[str, Any]]
@@ -73,6 +74,8 @@ def post_plan(body: Any, plan: Callable[[dict[str, Any]], dict[str, Any]]) -> Re
         return 200, plan(prompt)
     except ConfigError as e:
         return 400, {"error": str(e), "setting": e.setting}
+    except NodeInputError as e:  # a Ferry node's widget, named with its node
+        return 400, {"error": str(e), "setting": e.input_name}
 
 
 def _workflow_error(prompt: Any, prefix: str) -> Reply | None:
@@ -93,8 +96,15 @@ def _workflow_error(prompt: Any, prefix: str) -> Reply | None:
             }  # fmt: skip
         class_type = node.get("class_type")
         if not isinstance(class_type, str) or not class_type:
+            # A frontend sends a node it could not build (a missing node type, or one its
+            # widgets failed on: v0.3.64's frontend and a VAELoader) without its type name.
+            hint = (
+                "; the frontend could not build this node: fix or replace it on the canvas"
+                if class_type is None
+                else ""
+            )
             return 400, {
-                "error": f"{where}.class_type: must be a node's type name, got {class_type!r:.60}",
+                "error": f"{where}.class_type: must be a node's type name, got {class_type!r:.60}{hint}",
                 "setting": f"{where}.class_type",
             }  # fmt: skip
         if not isinstance(node.get("inputs"), dict):

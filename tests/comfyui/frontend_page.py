@@ -77,6 +77,49 @@ def close_dialogs(page: Any) -> None:
         page.wait_for_timeout(300)
 
 
+#: The app is set up: its extensions' sidebar tabs are there and its first workflow (the
+#: default one, or the last one open) is on the canvas.
+SET_UP = """() => !!document.querySelector(".ferry-tab-button") &&
+  (window.comfyAPI.app.app.graph.nodes ?? window.comfyAPI.app.app.graph._nodes).length > 0"""
+#: The canvas holds exactly the loaded workflow: ``count`` nodes, each built as its type (a
+#: node the frontend could not build has no comfyClass), every input of a ``type`` node
+#: linked (a widget's socket aside).
+SHOWS = """([type, count]) => {
+  const g = window.comfyAPI.app.app.graph;
+  const nodes = g.nodes ?? g._nodes;
+  const built = (n) => n.comfyClass ?? n.constructor?.comfyClass;
+  return nodes.length === count && nodes.every((n) => built(n)) && nodes
+    .filter((n) => built(n) === type)
+    .every((n) => (n.inputs ?? []).every((i) => i.link != null || i.widget));
+}"""
+
+
+def load_api_workflow(page: Any, prompt: dict[str, Any], name: str, shows: str) -> None:
+    """Loads ``prompt`` (API format) onto the canvas, as the frontend loads a dropped API
+    workflow, once the app is set up, and waits until the canvas shows it whole (its
+    ``shows`` node linked). v0.3.64's frontend (1.27.10) is still setting up when its graph
+    first exists (at networkidle it has none): a workflow loaded then is replaced by the
+    default one, so it is loaded again until it stays."""
+    from playwright.sync_api import TimeoutError as NotYet
+
+    try:
+        page.wait_for_function(SET_UP, timeout=30_000)
+    except NotYet:
+        pass  # no first workflow shown: nothing will replace ours
+    want = [shows, len(prompt)]
+    for _ in range(6):
+        page.evaluate("([g, name]) => window.comfyAPI.app.app.loadApiJson(g, name)", [prompt, name])
+        try:
+            page.wait_for_function(SHOWS, arg=want, timeout=5_000)
+            page.wait_for_timeout(1_000)
+            if page.evaluate(SHOWS, want):
+                close_dialogs(page)  # a dialog the late setup opened over the canvas
+                return
+        except NotYet:  # replaced by the default workflow: load it again
+            continue
+    raise AssertionError(f"the frontend never kept the loaded workflow {name!r} on its canvas")
+
+
 def load_template(page: Any, name: str) -> list[dict[str, Any]]:
     """Loads ``name`` from the URL the Templates browser loads it from; its nodes as the
     frontend built them (registered type, its own error flag, each widget)."""
