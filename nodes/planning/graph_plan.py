@@ -243,8 +243,7 @@ def plan_prompt(
     )
     choices = {n.ferry_id: c for n, c in zip(networks, plan.choices) if n.ferry_id is not None}
     notes = tuple(loader_note(prompt, n) for n in networks)
-    swaps = _swaps(prompt, networks)
-    planned = PromptPlan(tuple(networks), plan, settings, choices, swaps, notes)
+    planned = PromptPlan(tuple(networks), plan, settings, choices, _swaps(prompt, networks), notes)
     if key is not None:
         _last["key"], _last["plan"] = key, planned
         for n, c in zip(networks, plan.choices):
