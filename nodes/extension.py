@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
+from .checkpoint_loader_node import FerryLoadCheckpoint
 from .clip_vision_node import FerryOffloadClipVision
 from .compile_node import FerryCompileBlocks
 from .controlnet_node import FerryOffloadControlNet
@@ -40,6 +41,7 @@ class FerryExtension(ComfyExtension):
             FerryLoadDiffusionModelQuantized,
             FerryLoadTextEncoder,
             FerryLoadTextEncoderDual,
+            FerryLoadCheckpoint,
             FerryMemoryReport,
             FerryCompileBlocks,
         ]

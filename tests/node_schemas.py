@@ -67,7 +67,7 @@ def _input(kind):
 
 io = types.ModuleType("comfy_api.latest.io")
 for attr, kind in [("Combo", "COMBO"), ("Int", "INT"), ("Float", "FLOAT"), ("String", "STRING"),
-                   ("Boolean", "BOOLEAN"), ("Model", "MODEL"), ("Clip", "CLIP"),
+                   ("Boolean", "BOOLEAN"), ("Model", "MODEL"), ("Clip", "CLIP"), ("Vae", "VAE"),
                    ("AnyType", "*"), ("Latent", "LATENT"), ("Image", "IMAGE"),
                    ("ControlNet", "CONTROL_NET"), ("ClipVision", "CLIP_VISION")]:
     setattr(io, attr, _input(kind))
@@ -99,6 +99,11 @@ core_nodes = types.ModuleType("nodes")
 for loader, types_ in CLIP_TYPES.items():
     inputs = {"required": {"type": (types_,)}, "optional": {"device": (["default", "cpu"],)}}
     setattr(core_nodes, loader, type(loader, (), {"INPUT_TYPES": staticmethod(lambda i=inputs: i)}))
+# core's CheckpointLoaderSimple (v0.33.0's nodes.py): its ckpt_name, a file of checkpoints.
+ckpt = {"required": {"ckpt_name": (FileList("checkpoints"),
+                                   {"tooltip": "The name of the checkpoint (model) to load."})}}
+core_nodes.CheckpointLoaderSimple = type("CheckpointLoaderSimple", (),
+                                         {"INPUT_TYPES": staticmethod(lambda: ckpt)})
 sys.modules["nodes"] = core_nodes
 for name in ("comfy", "comfy.model_patcher", "comfy.utils", "comfy.patcher_extension",
              "comfy.float", "comfy.lora", "comfy.model_detection", "comfy.model_management",

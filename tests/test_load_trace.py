@@ -156,6 +156,20 @@ def test_a_tensor_the_host_replaced_has_no_source(files: list[Path]) -> None:
     assert unsourced(host, keys) == ["small.transformer.embed.weight"]
 
 
+def test_a_kept_trace_gives_the_value_the_host_computed(files: list[Path]) -> None:
+    # Ferry Load Checkpoint's second build (nodes/loading/checkpoint_stream.py): the file's
+    # tensors read, each tensor the host replaced is taken as the host gave it.
+    host, keys = traced(files, transpose=True)
+    (name,) = unsourced(host, keys)
+    sds = [load_file(str(p)) for p in files]
+    trace = LoadTrace(sds, keep=True)
+    with trace:
+        again, _ = host_load(trace.state_dicts, torch.device("meta"), transpose=True)
+    given = trace.given(again)
+    assert torch.equal(given[name], plain(files).get_parameter(name))
+    assert given["deep.transformer.block.3.ff.bias"] is sds[1]["block.3.ff.bias"]
+
+
 @pytest.mark.parametrize("tier", ["ram", "disk"])
 def test_the_deep_file_streams_and_equals_the_host_loader(
     files: list[Path], tmp_path: Path, tier: str

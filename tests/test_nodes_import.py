@@ -29,6 +29,7 @@ COMFY_MODULES = (
     "patcher.patcher", "patcher.comfy_core", "patcher.load_steps", "patcher.block_compile",
     "patcher.hold", "patcher.bake_lora", "ui.routes", "loading.quant_loader",
     "loading.text_encoder_stream", "loading.stream_loader", "loading.core_quant_stream",
+    "checkpoint_loader_node", "loading.checkpoint_stream",
 )  # fmt: skip
 
 

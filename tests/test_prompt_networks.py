@@ -223,8 +223,9 @@ def test_ferrys_quantizing_loader_is_planned_at_its_presets_bytes(files: Path) -
     assert high.transient_bytes == 4 * 5120 * 5120 * 2  # one Linear dequantized (bf16)
 
 
+@pytest.mark.parametrize("loader", ["CheckpointLoaderSimple", "FerryLoadCheckpoint"])
 @pytest.mark.parametrize("te_prefix", ["conditioner.embedders.", "cond_stage_model."])
-def test_a_checkpoint_is_three_networks(files: Path, te_prefix: str) -> None:
+def test_a_checkpoint_is_three_networks(files: Path, te_prefix: str, loader: str) -> None:
     tensors = {
         **dit_tensors(6, 256, prefix="model.diffusion_model."),
         **te_tensors(4, 64, f"{te_prefix}0.transformer.text_model.encoder"),
@@ -232,7 +233,7 @@ def test_a_checkpoint_is_three_networks(files: Path, te_prefix: str) -> None:
     }
     sparse_safetensors(files / "sdxl.safetensors", tensors)
     prompt = {
-        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sdxl.safetensors"}},
+        "1": {"class_type": loader, "inputs": {"ckpt_name": "sdxl.safetensors"}},
         "2": ferry("FerryOffloadModel", ["1", 0]),
         "3": ferry("FerryOffloadTextEncoder", ["1", 1], tier="ram"),
         "4": {"class_type": "KSampler", "inputs": {"model": ["2", 0], "steps": 5, "cfg": 7.0}},

@@ -21,7 +21,7 @@ CORE = {
     "UNETLoader", "DualCLIPLoader", "CLIPLoader", "CLIPTextEncode", "FluxGuidance",
     "ConditioningZeroOut", "EmptySD3LatentImage", "KSampler", "KSamplerAdvanced", "VAELoader",
     "VAEDecode", "SaveImage", "ModelSamplingSD3", "EmptyHunyuanLatentVideo", "CreateVideo",
-    "SaveVideo", "TorchCompileModel", *NOTE_TYPES,
+    "SaveVideo", "TorchCompileModel", "EmptyLatentImage", *NOTE_TYPES,
 }  # fmt: skip
 #: Third-party node types a template may use, and the pack its note must name.
 THIRD_PARTY = {"UnetLoaderGGUF": "ComfyUI-GGUF"}
@@ -29,7 +29,7 @@ THIRD_PARTY = {"UnetLoaderGGUF": "ComfyUI-GGUF"}
 FILE_WIDGETS = {
     "UNETLoader": 1, "DualCLIPLoader": 2, "CLIPLoader": 1, "VAELoader": 1, "UnetLoaderGGUF": 1,
     "FerryLoadDiffusionModelQuantized": 1, "FerryLoadTextEncoder": 1,
-    "FerryLoadTextEncoderDual": 2,
+    "FerryLoadTextEncoderDual": 2, "FerryLoadCheckpoint": 1,
 }  # fmt: skip
 PATHS = template_paths()
 IDS = [p.stem for p in PATHS]
@@ -39,10 +39,11 @@ def ordered_widgets(node_id: str) -> list[dict[str, Any]]:
     return widgets(node_schemas()[node_id])
 
 
-def test_the_six_templates_are_shipped() -> None:
+def test_the_seven_templates_are_shipped() -> None:
     assert IDS == [
         "01_model_bigger_than_gpu", "02_gguf_model", "03_whole_graph_bigger_than_ram",
         "04_wan22_two_experts", "05_torch_compile", "06_memory_report",
+        "07_checkpoint_bigger_than_ram",
     ]  # fmt: skip
 
 
@@ -194,6 +195,15 @@ def test_each_template_shows_its_case() -> None:
     (report,) = six.of_type("FerryMemoryReport")
     assert six.source(report, "after")["type"] == "KSampler"  # type: ignore[index]
     assert six.chain(report, "model") == ["FerryOffloadModel", "UNETLoader"]
+    seven = _wf("07_checkpoint_bigger_than_ram")
+    (ks,) = seven.of_type("KSampler")
+    assert seven.chain(ks, "model") == ["FerryOffloadModel", "FerryLoadCheckpoint"]
+    for enc in seven.of_type("CLIPTextEncode"):
+        assert seven.chain(enc, "clip") == ["FerryOffloadTextEncoder", "FerryLoadCheckpoint"]
+    (decode,) = seven.of_type("VAEDecode")
+    assert seven.source(decode, "vae")["type"] == "FerryLoadCheckpoint"  # type: ignore[index]
+    offload = [*seven.of_type("FerryOffloadModel"), *seven.of_type("FerryOffloadTextEncoder")]
+    assert {n["widgets_values"][3] for n in offload} == {"disk"}
 
 
 def test_bake_lora_shows_only_where_the_network_bakes_and_comes_last() -> None:

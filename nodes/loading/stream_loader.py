@@ -69,6 +69,7 @@ class LazyCheckpoint:
     #: model's names under ``prefix``), and each QuantizedTensor's inner tensors' keys
     keys: dict[str, str] | None = None
     parts: dict[str, tuple[str, ...]] | None = None
+    setting: str = WIDGET  # the widget that chose the file (errors name it)
     patch_prefix = DM  # a MODEL patcher's patch keys: the BaseModel's names
 
     def network(self, base: Any) -> nn.Module:
@@ -84,11 +85,12 @@ class LazyCheckpoint:
         if self.quant is not None:
             convert, changed = self.quant.after(convert, changed)
         if self.keys is not None:
-            index = CheckpointIndex.open(self.path, WIDGET)
+            index = CheckpointIndex.open(self.path, self.setting)
             return CheckpointWeights(index, self.keys, "", convert, changed, self.parts)
         return CheckpointWeights.open(
-            self.path, dm, prefix=self.prefix, setting=WIDGET, convert=convert, changed=changed
-        )
+            self.path, dm, prefix=self.prefix, setting=self.setting, convert=convert,
+            changed=changed,
+        )  # fmt: skip
 
     def materialize(self, dm: nn.Module, device: torch.device) -> None:
         self.weights(dm).materialize(dm, device)

@@ -167,16 +167,37 @@ def lazy_clip(
     sds = [dict(sd) for sd in originals]
     if model_options.get("custom_operations") is None:  # as load_clip converts them
         sds = [convert_quants(sd, dict(i.header.metadata))[0] for sd, i in zip(sds, indexes)]
+    options = {**model_options, "initial_device": META}
+    return traced_clip(
+        paths, originals, lambda: _core_build(sds, clip_type, options, embedding_directory)
+    )
+
+
+#: ``fill(net, keys)``: gives a value to each tensor core computed from the file's own ones
+#: (``keys``: each file's traced names -> keys), before the check that every tensor has one.
+Fill = Callable[[nn.Module, list[dict[str, str]]], None]
+
+
+def traced_clip(
+    paths: list[tuple[str, str]],
+    originals: list[dict[str, torch.Tensor]],
+    build: Callable[[], Any],
+    fill: Fill | None = None,
+) -> Any | None:
+    """The CLIP core's ``build()`` makes on meta from ``originals`` (each file of ``paths``
+    as ``header_state_dict`` reads it), each of its tensors traced to the key it waits under;
+    None where one cannot stay in its file (the log says why)."""
     trace = LoadTrace(originals)
     built: list[Any] = []
     try:
         with trace:
-            options = {**model_options, "initial_device": META}
-            built.append(_core_build(sds, clip_type, options, embedding_directory))
+            built.append(build())
         net: nn.Module = built[0].cond_stage_model
         keys = trace.sources(net)
         parts = trace.inner_sources(net)
         meta_build.settle_on_meta(net, set().union(*keys))
+        if fill is not None:
+            fill(net, keys)
     except (RuntimeError, NotImplementedError, TypeError, ValueError, ConfigError) as e:
         return _not_lazy(paths[0][0], str(e))
     give_lazy_layers_meta_weights(net)

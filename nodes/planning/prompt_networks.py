@@ -57,6 +57,7 @@ LOADERS: Mapping[str, tuple[Loader, ...]] = {
     "UnetLoaderGGUF": _one(MODEL, "unet", "unet_name"),
     "UnetLoaderGGUFAdvanced": _one(MODEL, "unet", "unet_name"),
     "CheckpointLoaderSimple": _CHECKPOINT,
+    "FerryLoadCheckpoint": _CHECKPOINT,
     "CLIPLoader": _one(TEXT_ENCODER, "text_encoders", "clip_name"),
     "FerryLoadTextEncoder": _one(TEXT_ENCODER, "text_encoders", "clip_name"),
     "DualCLIPLoader": _one(TEXT_ENCODER, "text_encoders", "clip_name1", "clip_name2"),

@@ -55,8 +55,11 @@ class LoadTrace:
     """Records, for each module built while it is active, the tensor objects its
     ``load_state_dict`` was given; ``sources`` turns them into each file's key map."""
 
-    def __init__(self, state_dicts: list[dict[str, torch.Tensor]]) -> None:
+    def __init__(self, state_dicts: list[dict[str, torch.Tensor]], keep: bool = False) -> None:
         self.state_dicts = state_dicts
+        #: keep the tensors given (``given``): a second build of the same network whose
+        #: converted values the caller takes (a tensor the host computed from the file's)
+        self._kept: dict[int, dict[str, torch.Tensor]] | None = {} if keep else None
         # Every tensor kept alive: their ids key ``_origin`` (the host may pop some).
         self._tensors = [t for sd in state_dicts for t in sd.values()]
         self._origin = {id(t): (i, k) for i, sd in enumerate(state_dicts) for k, t in sd.items()}
@@ -89,9 +92,22 @@ class LoadTrace:
         # its own way (ComfyUI's lazily built Linears under dynamic VRAM override
         # _load_from_state_dict and skip their hooks) is still seen from its parent.
         given = self._given.setdefault(id(module), {})
+        kept = None if self._kept is None else self._kept.setdefault(id(module), {})
         for key, t in sd.items():
             if key.startswith(prefix) and isinstance(t, torch.Tensor):
                 given[key[len(prefix) :]] = id(t)
+                if kept is not None:
+                    kept[key[len(prefix) :]] = t
+
+    def given(self, net: nn.Module) -> dict[str, torch.Tensor]:
+        """The tensor the host gave each of ``net``'s names (a trace made with ``keep``):
+        the value its loader copied into it, converted or not."""
+        assert self._kept is not None, "a LoadTrace made with keep=True"
+        out: dict[str, torch.Tensor] = {}
+        for mname, mod in net.named_modules(remove_duplicate=False):
+            for rel, t in self._kept.get(id(mod), {}).items():
+                out.setdefault(f"{mname}.{rel}" if mname else rel, t)
+        return out
 
     def sources(self, net: nn.Module) -> list[dict[str, str]]:
         """For each state dict (file), the network's names (under every tied name) of the

@@ -37,6 +37,7 @@ FOLDERS = {
     "CLIPLoader": ("text_encoders",),
     "FerryLoadTextEncoder": ("text_encoders",),
     "VAELoader": ("vae",),
+    "FerryLoadCheckpoint": ("checkpoints",),
 }
 
 
