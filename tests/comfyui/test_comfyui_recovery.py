@@ -1,7 +1,8 @@
 """Real ComfyUI (issue 12): a damaged Ferry disk folder never strands the model.
 
-UNETLoader's model lives only in RAM before Ferry lays it out on the disk tier, so a damaged
-group file held the only copy of its weights: the prompt that meets the damage fails with a
+A model cast by UNETLoader (weight_dtype fp8_e4m3fn) lives only in RAM before Ferry lays it out
+on the disk tier (an unchanged one is read in place from its file and nothing is written: issue
+48), so a damaged group file held the only copy of its weights: the prompt that meets the damage fails with a
 node error in ComfyUI's words (or succeeds: a deleted file's open descriptor still reads), and
 the next prompt, unchanged, with a changed Ferry widget, or with the Ferry node bypassed, gives
 the latent ComfyUI makes without Ferry, bit for bit, with no restart. Each prompt changes the
@@ -18,12 +19,14 @@ from typing import Any
 
 import pytest
 import torch
-from ferry_workflows import Client, error_message, ferry, graph
+from ferry_workflows import MODEL_FILE, Client, error_message, ferry, graph
 from test_comfyui_real import latent, live, run_ok
 
 from tests.helpers import flip_byte
 
 _seeds = itertools.count(100)
+#: A cast model: its groups are written to the disk folder (see the module's docstring).
+CAST = ("UNETLoader", {"unet_name": MODEL_FILE, "weight_dtype": "fp8_e4m3fn"})
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,7 @@ def reference(
     client: Client, server: Any, refs: dict[int, torch.Tensor], seed: int
 ) -> torch.Tensor:
     if seed not in refs:
-        refs[seed] = run_ok(client, server, graph([], f"ref-{seed}", seed=seed))
+        refs[seed] = run_ok(client, server, graph([], f"ref-{seed}", loader=CAST, seed=seed))
     return refs[seed]
 
 
@@ -71,7 +74,7 @@ def test_the_next_prompt_after_a_damaged_folder_is_bit_equal(
     s0, s1, s2 = next(_seeds), next(_seeds), next(_seeds)
     want = {s: reference(client, server, refs, s) for s in (s0, s1, s2)}
     assert torch.equal(
-        run_ok(client, server, graph([ferry(tier="disk")], "laid", seed=s0)), want[s0]
+        run_ok(client, server, graph([ferry(tier="disk")], "laid", loader=CAST, seed=s0)), want[s0]
     )
     (o,) = live(client)
     files = sorted(Path(o["disk_folder"]).glob("group-*.safetensors"))
@@ -80,7 +83,7 @@ def test_the_next_prompt_after_a_damaged_folder_is_bit_equal(
         "ferry: Ferry Offload Model: the group file"
     )
     FAULTS[fault](files)
-    entry = client.run(graph(NEXT[nxt](), f"meets-{fault}", seed=s1))
+    entry = client.run(graph(NEXT[nxt](), f"meets-{fault}", loader=CAST, seed=s1))
     if entry["status"]["status_str"] == "error":
         msg = error_message(entry)
         assert files[1].name in msg or files[0].name in msg, msg
@@ -94,5 +97,5 @@ def test_the_next_prompt_after_a_damaged_folder_is_bit_equal(
         assert now == said + 1, "said once"
     else:
         assert torch.equal(latent(server, entry), want[s1])
-    after = run_ok(client, server, graph(NEXT[nxt](), f"after-{fault}", seed=s2))
+    after = run_ok(client, server, graph(NEXT[nxt](), f"after-{fault}", loader=CAST, seed=s2))
     assert torch.equal(after, want[s2])
