@@ -319,6 +319,9 @@ def test_controlnets_model_patches_and_clip_vision_are_the_prompts_networks(file
     # Core's ModelPatchLoader keeps no file Ferry's run reads from: the disk tier writes it
     # (planner/group_files.py), and the pre-flight counts those bytes.
     assert not by_loader["5"].facts.in_place
+    # Core's ControlNetLoader's file is read in place by the run (loader_files.py), so the
+    # pre-flight counts no group file for it (group_source.py's CORE_IN_PLACE).
+    assert by_loader["2"].facts.in_place and by_loader["2"].as_stored
     assert len(by_loader["7"].facts.block_bytes) == 6
     assert by_loader["2"].files == (str(files / "union.safetensors"),)
     assert by_loader["2"].facts.wish == planner.Wish(tier="ram")

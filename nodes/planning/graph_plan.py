@@ -135,12 +135,12 @@ def _registered(ferry_class: str) -> dict[str, list[Any] | None] | None:
 def _swaps(prompt: dict[str, Any], networks: list[PromptNetwork]) -> dict[str, dict[str, Any]]:
     """Each core loader's "Use Ferry's loader" entry, with the Ferry nodes after it. Core's
     loader holds a network in RAM where this core copies the file, or where it converts the
-    weights (the bytes it holds are not the file's: not ``in_place``)."""
+    weights (the bytes it holds are not the file's: not ``as_stored``)."""
     copies = core_copies_model_files()
     after: dict[str, list[str]] = {}
     holds: dict[str, bool] = {}
     for n in networks:
-        holds[n.loader_id] = holds.get(n.loader_id, copies) or not n.facts.in_place
+        holds[n.loader_id] = holds.get(n.loader_id, copies) or not n.as_stored
         ferry = after.setdefault(n.loader_id, [])
         title = (
             re.sub(r"(?<=[a-z])(?=[A-Z])", " ", prompt[n.ferry_id]["class_type"])

@@ -29,6 +29,10 @@ Find = Callable[[str, str], "str | None"]
 #: text encoder) has no one file to read from.
 CORE_IN_PLACE: Mapping[str, tuple[str, str]] = {
     "UNETLoader": ("diffusion_models", "unet_name"),
+    # The run reads these in place too (loader_files.py, issue 48): the pre-flight must count
+    # no group file for them, or it refuses a folder the run would not write to.
+    "CLIPLoader": ("text_encoders", "clip_name"),
+    "ControlNetLoader": ("controlnet", "control_net_name"),
 }
 #: Loaders that keep their file on the network they load; the Ferry node reads it there
 #: (Ferry's loaders: ``ferry_checkpoint``; UnetLoaderGGUF: seam/model_files.py's

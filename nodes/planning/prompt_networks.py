@@ -109,6 +109,9 @@ class PromptNetwork:
     ferry_id: str | None
     files: tuple[str, ...]
     facts: NetworkFacts
+    #: Whether the host holds its weights as the file stores them (the header's view: no
+    #: cast, no conversion), whether or not the disk tier can read them in place (``facts``).
+    as_stored: bool = True
 
 
 def _upstream_loader(prompt: dict[str, Any], node_id: str, key: str) -> str | None:
@@ -268,6 +271,7 @@ def prompt_networks(
                 continue
             ferry_id = ferry_of.get((loader_id, spec.kind))
             reads = steps if facts.kind.per_step else 1.0
+            as_stored = facts.in_place  # the header's view, before the disk tier's answer
             facts = replace(
                 facts,
                 ferry=ferry_id is not None,
@@ -276,5 +280,5 @@ def prompt_networks(
             )
             files = tuple((facts.file or "").split(" + "))
             facts = _with_load_cost(facts, node["class_type"], files, costs)
-            out.append(PromptNetwork(loader_id, ferry_id, files, facts))
+            out.append(PromptNetwork(loader_id, ferry_id, files, facts, as_stored))
     return sorted(out, key=lambda n: (n.facts.kind.plan_order, n.loader_id))

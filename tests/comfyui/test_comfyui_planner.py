@@ -156,4 +156,7 @@ def test_a_disk_folder_too_small_is_refused_before_any_load(
         assert "disk_path: " in message and f"{small} has " in message, message
         assert "writes" in message and "choose a folder with room" in message
         assert server.log.read_text(errors="replace").count("ferry: laid out") == laid
-        assert list(small.iterdir()) == []
+        # No group file; the plan may leave the folder's read speed (the first plan of a
+        # folder probes it, issue 47), nothing else.
+        left = sorted(p.name for p in small.iterdir())
+        assert left in ([], [".ferry-disk-speed.json"]), left
