@@ -43,8 +43,10 @@ function bar(kind, name, bytes, room, text) {
   const share = room ? Math.min(1, bytes / room) : 0;
   const over = room !== null && room !== undefined && bytes > room;
   // A share too small to see still gets a sliver: "some bytes wait here" is the point.
-  const width = over ? "100%" : bytes > 0 && room ? `max(2px, ${share * 100}%)` : "0";
-  const fill = el("div", { class: `ferry-bar-fill ${kind}${over ? " over" : ""}`, style: { width } });
+  const width = over ? "100%" : bytes > 0 && room ? `${share * 100}%` : "0";
+  const minWidth = bytes > 0 && room ? "2px" : "0";
+  const style = { width, minWidth };
+  const fill = el("div", { class: `ferry-bar-fill ${kind}${over ? " over" : ""}`, style });
   return el(
     "div",
     { class: "ferry-bar-row", "data-ferry-bar": kind, "data-ferry-share": share.toFixed(4) },
