@@ -130,7 +130,9 @@ def test_disk_fills_while_a_layout_is_written(
         assert list(mnt.rglob("group-*")) == [], "no group file left behind"
         (mnt / "ballast").unlink()  # the user frees space, as the message says
         recovers(client, server, refs, mnt)
-        assert list(mnt.iterdir()) == [], "Ferry deleted its folder when the node was bypassed"
+        # Ferry's folder is gone; the folder's read speed may stay (issue 47's disk probe).
+        left = sorted(p.name for p in mnt.iterdir())
+        assert left in ([], [".ferry-disk-speed.json"]), f"Ferry left its folder behind: {left}"
 
 
 def test_a_read_failing_with_eio(
